@@ -1,0 +1,277 @@
+"""Fashion-MNIST and MNIST from the original IDX files, found locally or downloaded.
+
+Lookup order for each dataset: ``data_dir`` argument → ``$D2L_MULTI_DATA/<name>/`` → the user
+cache (``$XDG_CACHE_HOME/d2l_multi/<name>/``) → Debian's ``/usr/share/datasets/<name>/``
+(package ``dataset-fashion-mnist``) → download from the canonical mirrors into ``data_dir`` or
+the cache. Every file is checked against the sha256 of its *decompressed* content, so a
+re-gzipped copy (Debian's) is accepted and a damaged one is refused with the file's name.
+"""
+import functools
+import gzip
+import hashlib
+import os
+import pathlib
+import tempfile
+import urllib.request
+
+import numpy as np
+
+DATA_ENV = "D2L_MULTI_DATA"
+_SPLITS = {"train": ("train-images-idx3-ubyte.gz", "train-labels-idx1-ubyte.gz"),
+           "test": ("t10k-images-idx3-ubyte.gz", "t10k-labels-idx1-ubyte.gz")}
+
+DATASETS = {
+    "fashion-mnist": {
+        "mirrors": ["http://fashion-mnist.s3-website.eu-central-1.amazonaws.com/",
+                    "https://github.com/zalandoresearch/fashion-mnist/raw/master/data/fashion/"],
+        "debian": "/usr/share/datasets/fashion-mnist",
+        "sha256": {  # of the decompressed IDX content
+            "train-images-idx3-ubyte.gz": "c59f468a2f672dc815687fe0f83887768d799fd8a3f3276145d20f83aa44d888",
+            "train-labels-idx1-ubyte.gz": "bad3541b69d912435c50bb6ba87bec294ff4f6a2e1246121d8633921760443d9",
+            "t10k-images-idx3-ubyte.gz": "5b4141f0afbad91edebe8549f8fcffe087ea10ca49f1dbef5c9a5cd8815ce37b",
+            "t10k-labels-idx1-ubyte.gz": "0402a96d92fd2663957122ceb108a494c5af83dab82d92729df917d7dec38c34",
+        },
+    },
+    "mnist": {
+        "mirrors": ["https://ossci-datasets.s3.amazonaws.com/mnist/",
+                    "https://storage.googleapis.com/cvdf-datasets/mnist/"],
+        "debian": None,
+        "sha256": {
+            "train-images-idx3-ubyte.gz": "ba891046e6505d7aadcbbe25680a0738ad16aec93bde7f9b65e87a2fc25776db",
+            "train-labels-idx1-ubyte.gz": "65a50cbbf4e906d70832878ad85ccda5333a97f0f4c3dd2ef09a8a9eef7101c5",
+            "t10k-images-idx3-ubyte.gz": "0fa7898d509279e482958e8ce81c8e77db3f2f8254e26661ceb7762c4d494ce7",
+            "t10k-labels-idx1-ubyte.gz": "ff7bcfd416de33731a308c3f266cc351222c34898ecbeaf847f06e48f7ec33f2",
+        },
+    },
+}
+
+
+class DataError(RuntimeError):
+    """A data file is missing, damaged or not what it claims to be."""
+
+
+def cache_dir():
+    """The user cache folder for downloads (``$XDG_CACHE_HOME/d2l_multi`` or ``~/.cache``)."""
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return pathlib.Path(base) / "d2l_multi"
+
+
+def parse_idx(raw, name="<bytes>", expected_sha256=None):
+    """Parse decompressed IDX bytes into a uint8 array, checking hash, magic and size."""
+    if expected_sha256 is not None:
+        got = hashlib.sha256(raw).hexdigest()
+        if got != expected_sha256:
+            raise DataError(f"{name}: checksum mismatch (sha256 {got}, expected "
+                            f"{expected_sha256}); the file is damaged or not the original. "
+                            f"Delete it and load again to re-download.")
+    if len(raw) < 4 or raw[0] != 0 or raw[1] != 0 or raw[2] != 0x08:
+        raise DataError(f"{name}: not an unsigned-byte IDX file (bad magic number "
+                        f"{raw[:4].hex() or 'empty'}; expected 000008xx)")
+    ndim = raw[3]
+    if ndim not in (1, 3):
+        raise DataError(f"{name}: IDX file has {ndim} dimensions; images need 3, labels 1")
+    header = 4 + 4 * ndim
+    if len(raw) < header:
+        raise DataError(f"{name}: truncated IDX header ({len(raw)} bytes)")
+    shape = tuple(int.from_bytes(raw[4 + 4 * i: 8 + 4 * i], "big") for i in range(ndim))
+    expected = header + int(np.prod(shape))
+    if len(raw) != expected:
+        raise DataError(f"{name}: {len(raw)} bytes but shape {shape} needs {expected}; "
+                        f"the file is truncated or damaged")
+    return np.frombuffer(raw, np.uint8, offset=header).reshape(shape)
+
+
+def read_idx_gz(path, expected_sha256=None):
+    """Read one gzip-compressed IDX file into a uint8 array."""
+    path = pathlib.Path(path)
+    try:
+        with gzip.open(path, "rb") as f:
+            raw = f.read()
+    except (OSError, EOFError) as e:
+        raise DataError(f"{path}: cannot decompress ({e}); the file is truncated or "
+                        f"damaged. Delete it and load again.") from None
+    return parse_idx(raw, str(path), expected_sha256)
+
+
+def _candidates(name, data_dir):
+    spec = DATASETS[name]
+    roots = []
+    if data_dir is not None:
+        roots += [pathlib.Path(data_dir) / name, pathlib.Path(data_dir)]
+    if os.environ.get(DATA_ENV):
+        roots.append(pathlib.Path(os.environ[DATA_ENV]) / name)
+    roots.append(cache_dir() / name)
+    if spec["debian"]:
+        roots.append(pathlib.Path(spec["debian"]))
+    return roots
+
+
+def find_dataset(name, data_dir=None):
+    """Return the first folder that holds all four files of ``name``, or None."""
+    for root in _candidates(name, data_dir):
+        if all((root / f).is_file() for f in DATASETS[name]["sha256"]):
+            return root
+    return None
+
+
+def download(url, dest, expected_sha256, progress=True):
+    """Download ``url`` to ``dest`` atomically, verifying the decompressed sha256."""
+    from tqdm.auto import tqdm
+    dest = pathlib.Path(dest)
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=dest.parent, prefix=dest.name + ".", suffix=".part")
+    try:
+        with os.fdopen(fd, "wb") as out, urllib.request.urlopen(url, timeout=30) as resp:
+            total = int(resp.headers.get("Content-Length") or 0) or None
+            with tqdm(total=total, unit="B", unit_scale=True, desc=dest.name,
+                      disable=not progress) as bar:
+                while chunk := resp.read(1 << 16):
+                    out.write(chunk)
+                    bar.update(len(chunk))
+        read_idx_gz(tmp, expected_sha256)  # refuse anything damaged before it is visible
+        os.replace(tmp, dest)
+    finally:
+        if os.path.exists(tmp):
+            os.remove(tmp)
+    return dest
+
+
+def _download_all(name, dest_root, progress):
+    spec, errors = DATASETS[name], []
+    for fname, sha in spec["sha256"].items():
+        if (dest_root / fname).is_file():
+            continue
+        for mirror in spec["mirrors"]:
+            try:
+                download(mirror + fname, dest_root / fname, sha, progress)
+                break
+            except (OSError, DataError) as e:
+                errors.append(f"{mirror + fname}: {e}")
+        else:
+            raise DataError(
+                f"Could not find {name} locally and could not download it:\n  "
+                + "\n  ".join(errors) + "\nProvide the data in one of three ways:\n"
+                f"  1. pass data_dir='/path/to/folder' holding the four {name} .gz files;\n"
+                f"  2. set {DATA_ENV}=/path/to/data, a folder holding {name}/;\n"
+                f"  3. copy the files into the cache folder {dest_root}"
+                + (" (or on Debian/Ubuntu: sudo apt install dataset-fashion-mnist)"
+                   if spec["debian"] else "") + ".")
+    return dest_root
+
+
+def dataset_dir(name="fashion-mnist", data_dir=None, download_missing=True, progress=True):
+    """Return the folder holding ``name``'s files, downloading them if needed."""
+    if name not in DATASETS:
+        raise ValueError(f"unknown dataset {name!r}; choose one of {sorted(DATASETS)}")
+    root = find_dataset(name, data_dir)
+    if root is not None:
+        return root
+    dest = pathlib.Path(data_dir) / name if data_dir is not None else cache_dir() / name
+    if not download_missing:
+        raise DataError(f"{name} not found in any of: "
+                        f"{', '.join(map(str, _candidates(name, data_dir)))}")
+    return _download_all(name, dest, progress)
+
+
+@functools.lru_cache(maxsize=4)
+def _load_cached(name, root):
+    sums, out = DATASETS[name]["sha256"], {}
+    for split, (images, labels) in _SPLITS.items():
+        X = read_idx_gz(pathlib.Path(root) / images, sums[images])
+        y = read_idx_gz(pathlib.Path(root) / labels, sums[labels])
+        if X.ndim != 3 or y.ndim != 1 or len(X) != len(y):
+            raise DataError(f"{root}: {split} images {X.shape} and labels {y.shape} "
+                            f"do not match")
+        out[split] = (X, y)
+    return out
+
+
+def load_dataset(name="fashion-mnist", data_dir=None):
+    """Return ``{'train': (X, y), 'test': (X, y)}`` as uint8 arrays, X of shape (n, 28, 28)."""
+    root = dataset_dir(name, data_dir)
+    return _load_cached(name, str(root.resolve()))
+
+
+class Batches:
+    """Mini-batches ``(X, y)`` of two arrays; a fresh shuffle on every pass when ``shuffle``."""
+
+    def __init__(self, X, y, batch_size, shuffle=False, drop_last=False, seed=0):
+        self.X, self.y, self.batch_size = X, y, batch_size
+        self.shuffle, self.drop_last, self.seed, self.epoch = shuffle, drop_last, seed, 0
+
+    def __len__(self):
+        n, b = len(self.X), self.batch_size
+        return n // b if self.drop_last else -(-n // b)
+
+    def __iter__(self):
+        n, b = len(self.X), self.batch_size
+        if self.shuffle:
+            self.epoch += 1
+            order = np.random.default_rng((self.seed, self.epoch)).permutation(n)
+        else:
+            order = np.arange(n)
+        for i in range(0, len(self) * b, b):
+            idx = order[i:i + b]
+            yield self.X[idx], self.y[idx]
+
+
+class FashionMNIST:
+    """d2l's Fashion-MNIST data module, as NumPy arrays in NHWC layout.
+
+    ``train`` and ``val`` are ``(X, y)`` with X float32 in [0, 1] of shape (n, 28, 28, 1)
+    and y int32. ``num_train``/``num_val`` keep only the first examples (for smoke runs).
+    """
+    name = "fashion-mnist"
+    labels = ["t-shirt", "trouser", "pullover", "dress", "coat",
+              "sandal", "shirt", "sneaker", "bag", "ankle boot"]
+
+    def __init__(self, batch_size=64, resize=(28, 28), data_dir=None, *,
+                 num_train=None, num_val=None, seed=0):
+        if batch_size < 1:
+            raise ValueError(f"batch_size must be positive, got {batch_size}")
+        self.batch_size, self.resize, self.seed = batch_size, resize, seed
+        raw = load_dataset(self.name, data_dir)
+        self.train = self._prepare(*raw["train"], num_train)
+        self.val = self._prepare(*raw["test"], num_val)
+
+    def _prepare(self, X, y, n):
+        X, y = X[:n], y[:n]
+        X = (X.astype(np.float32) / 255.0)[..., None]
+        if self.resize is not None and tuple(self.resize) != X.shape[1:3]:
+            import jax
+            X = np.asarray(jax.image.resize(X, (len(X), *self.resize, 1), "bilinear"))
+        return X, y.astype(np.int32)
+
+    def text_labels(self, indices):
+        """Return the text labels of integer class indices."""
+        return [self.labels[int(i)] for i in indices]
+
+    def get_dataloader(self, train, batch_size=None, drop_last=False):
+        """Return an iterable of ``(X, y)`` batches; training batches are reshuffled each pass."""
+        return Batches(*(self.train if train else self.val), batch_size or self.batch_size,
+                       shuffle=train, drop_last=drop_last, seed=self.seed)
+
+    def train_dataloader(self):
+        return self.get_dataloader(train=True)
+
+    def val_dataloader(self):
+        return self.get_dataloader(train=False)
+
+    def visualize(self, batch, nrows=1, ncols=8, labels=()):
+        """Show a grid of images from a batch ``(X, y)`` with their text labels."""
+        from .plot import show_images
+        X, y = batch
+        labels = list(labels) or self.text_labels(y)
+        return show_images(X[..., 0], nrows, ncols, titles=labels)
+
+
+class MNIST(FashionMNIST):
+    """The same data module for the original MNIST digits."""
+    name = "mnist"
+    labels = [str(i) for i in range(10)]
+
+
+def load_data_fashion_mnist(batch_size, resize=None):
+    """d2l's older API: return ``(train_iter, test_iter)`` over Fashion-MNIST."""
+    data = FashionMNIST(batch_size, resize=resize)
+    return data.get_dataloader(True), data.get_dataloader(False)

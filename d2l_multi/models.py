@@ -1,0 +1,48 @@
+"""LeNet written by hand: parameters are a plain list of arrays, layers are ``lax`` calls.
+
+Images are NHWC (batch, height, width, channels) and kernels HWIO, the layout XLA prefers on
+CPU and GPU alike (chapter 01 measures the difference).
+"""
+import jax
+import jax.numpy as jnp
+import optax
+from jax import lax
+
+
+def init_lenet_params(key):
+    """LeNet's parameters [W1, b1, W2, b2, W3, b3, W4, b4], He-initialised, kernels HWIO."""
+    k1, k2, k3, k4 = jax.random.split(key, 4)
+    he = jax.nn.initializers.he_normal()
+    return [he(k1, (3, 3, 1, 20)), jnp.zeros(20),    # conv 3x3, 1 -> 20 channels
+            he(k2, (5, 5, 20, 50)), jnp.zeros(50),   # conv 5x5, 20 -> 50 channels
+            he(k3, (800, 128)), jnp.zeros(128),      # dense 50*4*4 -> 128
+            he(k4, (128, 10)), jnp.zeros(10)]        # dense 128 -> 10 classes
+
+
+def conv2d(X, W, b):
+    """A 'valid' 2-D convolution of NHWC images with an HWIO kernel, plus a bias."""
+    Y = lax.conv_general_dilated(X, W, window_strides=(1, 1), padding="VALID",
+                                 dimension_numbers=("NHWC", "HWIO", "NHWC"))
+    return Y + b
+
+
+def avg_pool2d(X, size=2):
+    """Average pooling over non-overlapping ``size x size`` windows of NHWC images."""
+    window = (1, size, size, 1)
+    return lax.reduce_window(X, 0.0, lax.add, window, window, "VALID") / (size * size)
+
+
+def lenet(params, X):
+    """LeNet's forward pass: (batch, 28, 28, 1) images -> (batch, 10) logits."""
+    W1, b1, W2, b2, W3, b3, W4, b4 = params
+    h1 = avg_pool2d(jax.nn.relu(conv2d(X, W1, b1)))     # (batch, 13, 13, 20)
+    h2 = avg_pool2d(jax.nn.relu(conv2d(h1, W2, b2)))    # (batch, 4, 4, 50)
+    h2 = h2.reshape(h2.shape[0], -1)                    # (batch, 800)
+    h3 = jax.nn.relu(h2 @ W3 + b3)                      # (batch, 128)
+    return h3 @ W4 + b4                                 # (batch, 10)
+
+
+def loss_fn(params, X, y):
+    """Mean softmax cross-entropy of LeNet's logits against integer labels."""
+    logits = lenet(params, X)
+    return optax.softmax_cross_entropy_with_integer_labels(logits, y).mean()

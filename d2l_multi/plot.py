@@ -1,0 +1,100 @@
+"""Plotting: d2l's Animator (one live figure in Jupyter, a PNG elsewhere) and image grids."""
+
+
+def in_notebook():
+    """True inside a Jupyter kernel (where figures display inline)."""
+    try:
+        from IPython import get_ipython
+        shell = get_ipython()
+    except ImportError:
+        return False
+    return shell is not None and "IPKernelApp" in getattr(shell, "config", {})
+
+
+def use_svg_display():
+    """Use the svg format to display a plot in Jupyter."""
+    from matplotlib_inline import backend_inline
+    backend_inline.set_matplotlib_formats("svg")
+
+
+def set_axes(axes, xlabel, ylabel, xlim, ylim, xscale, yscale, legend):
+    """Set the axes for matplotlib."""
+    axes.set_xlabel(xlabel), axes.set_ylabel(ylabel)
+    axes.set_xscale(xscale), axes.set_yscale(yscale)
+    axes.set_xlim(xlim), axes.set_ylim(ylim)
+    if legend:
+        axes.legend(legend)
+    axes.grid()
+
+
+def _figure(figsize, nrows=1, ncols=1):
+    import matplotlib.pyplot as plt
+    return plt.subplots(nrows, ncols, figsize=figsize)
+
+
+class Animator:
+    """For plotting data in animation: one figure, updated in place on every ``add``."""
+
+    def __init__(self, xlabel=None, ylabel=None, legend=None, xlim=None, ylim=None,
+                 xscale="linear", yscale="linear", fmts=("-", "m--", "g-.", "r:"),
+                 nrows=1, ncols=1, figsize=(3.5, 2.5)):
+        legend = legend or []
+        self.fig, self.axes = _figure(figsize, nrows, ncols)
+        if nrows * ncols == 1:
+            self.axes = [self.axes]
+        self.config_axes = lambda: set_axes(self.axes[0], xlabel, ylabel, xlim, ylim,
+                                            xscale, yscale, legend)
+        self.X, self.Y, self.fmts = None, None, fmts
+        self._handle = None
+
+    def add(self, x, y):
+        """Add one or more points (one per line) and redraw."""
+        if not hasattr(y, "__len__"):
+            y = [y]
+        n = len(y)
+        if not hasattr(x, "__len__"):
+            x = [x] * n
+        if not self.X:
+            self.X = [[] for _ in range(n)]
+        if not self.Y:
+            self.Y = [[] for _ in range(n)]
+        for i, (a, b) in enumerate(zip(x, y)):
+            if a is not None and b is not None:
+                self.X[i].append(float(a))
+                self.Y[i].append(float(b))
+        self.axes[0].cla()
+        for x, y, fmt in zip(self.X, self.Y, self.fmts):
+            self.axes[0].plot(x, y, fmt)
+        self.config_axes()
+        self.show()
+
+    def show(self):
+        """Display the figure in Jupyter, replacing its previous drawing."""
+        if not in_notebook():
+            return
+        from IPython import display
+        if self._handle is None:
+            self._handle = display.display(self.fig, display_id=True)
+            import matplotlib.pyplot as plt
+            plt.close(self.fig)  # stop the inline backend from showing it a second time
+        else:
+            self._handle.update(self.fig)
+
+    def save(self, path):
+        """Save the figure as an image file (PNG by its extension); returns the path."""
+        self.fig.savefig(path, bbox_inches="tight", dpi=120)
+        return path
+
+
+def show_images(imgs, num_rows, num_cols, titles=None, scale=1.5):
+    """Plot a grid of images (2-D arrays) with optional titles."""
+    import numpy as np
+    fig, axes = _figure((num_cols * scale, num_rows * scale), num_rows, num_cols)
+    axes = np.atleast_1d(axes).flatten()
+    for i, (ax, img) in enumerate(zip(axes, imgs)):
+        ax.imshow(np.asarray(img), cmap="gray")
+        ax.axes.get_xaxis().set_visible(False)
+        ax.axes.get_yaxis().set_visible(False)
+        if titles is not None and i < len(titles):
+            ax.set_title(titles[i])
+    return axes
