@@ -70,16 +70,17 @@ def unreplicate(params):
     return jax.tree.map(lambda a: a[0], params)
 
 
-@functools.partial(jax.pmap, axis_name="devices", in_axes=(0, 0, 0, None))
-def pmap_sgd_step(params, X, y, lr):
+@functools.partial(jax.pmap, axis_name="devices", in_axes=(0, 0, 0, None),
+                   static_broadcasted_argnums=4)
+def pmap_sgd_step(params, X, y, lr, conv=d2l.conv2d):
     """One SGD step on every device: local gradients, averaged with ``pmean``, same update."""
-    loss, grads = jax.value_and_grad(d2l.loss_fn)(params, X, y)
+    loss, grads = jax.value_and_grad(d2l.loss_fn)(params, X, y, conv)
     grads = lax.pmean(grads, axis_name="devices")   # the allreduce of data parallelism
     loss = lax.pmean(loss, axis_name="devices")
     return [p - lr * g for p, g in zip(params, grads)], loss
 
 
-def train_batch(params, X, y, num_devices, lr):
+def train_batch(params, X, y, num_devices, lr, conv=d2l.conv2d):
     """Split a global batch over the devices and take one data-parallel SGD step."""
     X_shards, y_shards = split_batch(X, y, num_devices)
-    return pmap_sgd_step(params, X_shards, y_shards, lr)
+    return pmap_sgd_step(params, X_shards, y_shards, lr, conv)

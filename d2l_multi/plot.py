@@ -72,13 +72,17 @@ class Animator:
         """Display the figure in Jupyter, replacing its previous drawing."""
         if not in_notebook():
             return
+        import io
         from IPython import display
+        buf = io.BytesIO()
+        self.fig.savefig(buf, format="png", bbox_inches="tight", dpi=100)
+        image = display.Image(data=buf.getvalue(), format="png")
         if self._handle is None:
-            self._handle = display.display(self.fig, display_id=True)
             import matplotlib.pyplot as plt
             plt.close(self.fig)  # stop the inline backend from showing it a second time
+            self._handle = display.display(image, display_id=True)
         else:
-            self._handle.update(self.fig)
+            self._handle.update(image)
 
     def save(self, path):
         """Save the figure as an image file (PNG by its extension); returns the path."""
