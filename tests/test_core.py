@@ -1,0 +1,115 @@
+"""The chapter's core (notebooks 01-03): LeNet, allreduce, data-parallel SGD, train, CLI."""
+import os
+import subprocess
+import sys
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from jax import lax
+
+import d2l_multi as d2l
+
+N = 8
+ATOL = 1e-6  # float32 rounding: the devices sum the same numbers in a different order
+
+
+def batch(n=64, seed=0):
+    rng = np.random.default_rng(seed)
+    return (rng.random((n, 28, 28, 1), dtype=np.float32),
+            rng.integers(0, 10, n).astype(np.int32))
+
+
+def test_lenet_shapes_and_param_count():
+    params = d2l.init_lenet_params(jax.random.key(0))
+    assert sum(p.size for p in params) == 129_068
+    assert d2l.lenet(params, batch(5)[0]).shape == (5, 10)
+
+
+def test_im2col_equals_lax_conv():
+    X = jnp.asarray(batch(4)[0])
+    W = jax.random.normal(jax.random.key(1), (3, 3, 1, 20))
+    b = jnp.arange(20.0)
+    np.testing.assert_allclose(d2l.conv2d_im2col(X, W, b), d2l.conv2d(X, W, b), atol=1e-5)
+
+
+def test_ring_allreduce_equals_psum_pmap_and_shard_map():
+    from jax.sharding import PartitionSpec as P
+    x = jax.random.normal(jax.random.key(0), (N, 13))  # 13 does not divide by 8: padding
+    want = jax.pmap(lambda v: lax.psum(v, "i"), axis_name="i")(x)
+    got = jax.pmap(lambda v: d2l.ring_allreduce(v, "i"), axis_name="i")(x)
+    np.testing.assert_allclose(got, want, atol=1e-5)
+    mesh = jax.make_mesh((N,), ("i",), axis_types=(jax.sharding.AxisType.Auto,))
+    sm = jax.jit(jax.shard_map(lambda v: d2l.ring_allreduce(v, "i"), mesh=mesh,
+                               in_specs=P("i"), out_specs=P("i")))
+    np.testing.assert_allclose(sm(x), want, atol=1e-5)
+
+
+def test_allreduce_by_hand_gives_everyone_the_sum():
+    data = [jax.device_put(jnp.full(3, i + 1.0), d) for i, d in enumerate(jax.devices())]
+    out = d2l.allreduce(data)
+    assert [x.device for x in out] == [x.device for x in data]
+    assert all(float(x[0]) == N * (N + 1) / 2 for x in out)
+
+
+def test_split_batch_shapes_and_error_names_sizes():
+    X, y = batch(64)
+    Xs, ys = d2l.split_batch(X, y, N)
+    assert Xs.shape == (N, 8, 28, 28, 1) and ys.shape == (N, 8)
+    with pytest.raises(ValueError, match=r"250 .* 8 devices.*248 or 256"):
+        d2l.split_batch(*batch(250), N)
+
+
+@pytest.mark.parametrize("conv", [d2l.conv2d, d2l.conv2d_im2col])
+def test_k_data_parallel_steps_equal_single_device_steps(conv):
+    """3 steps of train_batch on 8 devices == 3 single-device SGD steps on the same batches."""
+    params = d2l.init_lenet_params(jax.random.key(0))
+    single, parallel = params, d2l.replicate(params, d2l.devices(N))
+    for k in range(3):
+        X, y = batch(64, seed=k)
+        grads = jax.grad(d2l.loss_fn)(single, X, y, conv)
+        single = [p - 0.1 * g for p, g in zip(single, grads)]
+        parallel, _ = d2l.train_batch(parallel, X, y, N, 0.1, conv)
+    for s, p in zip(single, parallel):
+        assert all(bool((p[i] == p[0]).all()) for i in range(N))  # replicas never drift
+        np.testing.assert_allclose(p[0], s, atol=ATOL)
+
+
+def test_train_small_run_learns_and_nan_stops():
+    data = d2l.FashionMNIST(64, num_train=1024, num_val=256)
+    params, history, _ = d2l.train(N, 64, 0.1, 2, data, d2l.conv2d_im2col)
+    assert len(history) == 2 and history[-1]["test_acc"] > 0.3
+    assert history[-1]["loss"] < history[0]["loss"] or history[-1]["loss"] < 2.0
+    with pytest.raises(FloatingPointError, match="lr=1e\\+30.*try lr=1e\\+29"):
+        d2l.train(N, 64, 1e30, 1, data, d2l.conv2d_im2col)
+
+
+def run_cli(*args):
+    env = dict(os.environ, D2L_MULTI_SMOKE="1")
+    return subprocess.run([sys.executable, "-m", "d2l_multi", *args], capture_output=True,
+                          text=True, env=env, timeout=300)
+
+
+@pytest.mark.parametrize("args,message", [
+    (["train", "--devices", "1,16"], "only 8 simulated CPU devices exist; pass --cpu-devices 16"),
+    (["train", "--batch-size", "250"], "250 does not divide evenly over 8 devices"),
+    (["train", "--epochs", "0"], "must be positive"),
+    (["train", "--lr", "-0.1"], "must be positive"),
+    (["train", "--devices", "two"], "integers or 'all'"),
+    (["frobnicate"], "unknown command"),
+])
+def test_cli_bad_arguments_exit_2_with_message(args, message):
+    result = run_cli(*args)
+    assert result.returncode == 2, result.stderr
+    assert message in result.stderr
+
+
+@pytest.mark.skipif(not os.environ.get("D2L_MULTI_DATA"), reason="needs the data locally")
+def test_cli_train_smoke_writes_table_and_plots(tmp_path):
+    result = run_cli("train", "--devices", "1,8", "--epochs", "1", "--out", str(tmp_path))
+    assert result.returncode == 0, result.stderr
+    assert "devices  batch     lr sec/epoch test acc" in result.stdout
+    for name in ("accuracy.png", "sec_per_epoch.png", "results.json"):
+        assert (tmp_path / name).stat().st_size > 100
+    assert (tmp_path / "accuracy.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

@@ -1,0 +1,185 @@
+"""The loader: IDX parsing, every bad-input error, lookup order, offline download, real data."""
+import gzip
+import hashlib
+import os
+
+import numpy as np
+import pytest
+
+import d2l_multi as d2l
+from d2l_multi import data as dm
+
+FILES = {"train": ("train-images-idx3-ubyte.gz", "train-labels-idx1-ubyte.gz"),
+         "test": ("t10k-images-idx3-ubyte.gz", "t10k-labels-idx1-ubyte.gz")}
+
+
+def idx_bytes(array):
+    array = np.asarray(array, np.uint8)
+    header = bytes([0, 0, 0x08, array.ndim])
+    header += b"".join(int(d).to_bytes(4, "big") for d in array.shape)
+    return header + array.tobytes()
+
+
+def write_gz(path, raw):
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with gzip.open(path, "wb") as f:
+        f.write(raw)
+    return path
+
+
+@pytest.fixture
+def tiny(tmp_path, monkeypatch):
+    """A fake dataset 'tiny' of 20 train / 10 test images, registered in DATASETS."""
+    rng = np.random.default_rng(0)
+    arrays = {"train": (rng.integers(0, 256, (20, 28, 28)), np.arange(20) % 10),
+              "test": (rng.integers(0, 256, (10, 28, 28)), np.arange(10) % 10)}
+    raw, sums = {}, {}
+    for split, (images, labels) in FILES.items():
+        for name, arr in ((images, arrays[split][0]), (labels, arrays[split][1])):
+            raw[name] = idx_bytes(arr)
+            sums[name] = hashlib.sha256(raw[name]).hexdigest()
+    source = tmp_path / "source"
+    for name, content in raw.items():
+        write_gz(source / name, content)
+    monkeypatch.setitem(dm.DATASETS, "tiny", {"mirrors": [], "debian": str(tmp_path / "debian"),
+                                              "sha256": sums})
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    monkeypatch.delenv(dm.DATA_ENV, raising=False)
+    dm._load_cached.cache_clear()
+    return {"source": source, "raw": raw, "arrays": arrays, "tmp": tmp_path}
+
+
+def copy_to(tiny, folder):
+    for name, content in tiny["raw"].items():
+        write_gz(folder / name, content)
+    return folder
+
+
+def test_parse_valid_file(tiny):
+    X = dm.read_idx_gz(tiny["source"] / FILES["train"][0])
+    assert X.shape == (20, 28, 28) and X.dtype == np.uint8
+    np.testing.assert_array_equal(X, tiny["arrays"]["train"][0])
+
+
+@pytest.mark.parametrize("damage,message", [
+    (lambda raw: raw[:-7], "truncated or damaged"),
+    (lambda raw: b"\x00\x00\x09\x03" + raw[4:], "bad magic number"),
+    (lambda raw: raw[:3] + b"\x02" + raw[4:], "2 dimensions"),
+    (lambda raw: raw[:2], "bad magic"),
+])
+def test_damaged_idx_content_is_refused(tiny, damage, message):
+    path = write_gz(tiny["tmp"] / "bad" / "x.gz", damage(tiny["raw"][FILES["train"][0]]))
+    with pytest.raises(d2l.DataError, match=message) as e:
+        dm.read_idx_gz(path)
+    assert str(path) in str(e.value)
+
+
+def test_checksum_mismatch_names_file(tiny):
+    path = tiny["source"] / FILES["train"][1]
+    with pytest.raises(d2l.DataError, match="checksum mismatch") as e:
+        dm.read_idx_gz(path, "0" * 64)
+    assert str(path) in str(e.value)
+
+
+def test_truncated_gzip_is_refused(tiny):
+    good = (tiny["source"] / FILES["train"][0]).read_bytes()
+    path = tiny["tmp"] / "cut.gz"
+    path.write_bytes(good[: len(good) // 2])
+    with pytest.raises(d2l.DataError, match="cannot decompress") as e:
+        dm.read_idx_gz(path)
+    assert str(path) in str(e.value)
+
+
+def test_lookup_order(tiny, monkeypatch):
+    tmp = tiny["tmp"]
+    debian = copy_to(tiny, tmp / "debian")
+    assert dm.dataset_dir("tiny") == debian
+    cache = copy_to(tiny, tmp / "cache" / "d2l_multi" / "tiny")
+    assert dm.dataset_dir("tiny") == cache
+    env_root = tmp / "env"
+    copy_to(tiny, env_root / "tiny")
+    monkeypatch.setenv(dm.DATA_ENV, str(env_root))
+    assert dm.dataset_dir("tiny") == env_root / "tiny"
+    explicit = copy_to(tiny, tmp / "explicit")  # the files directly in data_dir also work
+    assert dm.dataset_dir("tiny", data_dir=explicit) == explicit
+
+
+def test_damaged_local_copy_is_refused_not_loaded(tiny):
+    folder = copy_to(tiny, tiny["tmp"] / "local")
+    write_gz(folder / FILES["test"][1], idx_bytes(np.zeros(10)))  # wrong labels
+    with pytest.raises(d2l.DataError, match="checksum mismatch"):
+        dm.load_dataset("tiny", data_dir=folder)
+
+
+def test_download_from_mirror_is_atomic_and_verified(tiny, monkeypatch):
+    monkeypatch.setitem(dm.DATASETS["tiny"], "mirrors",
+                        ["file:///nonexistent/mirror/", tiny["source"].as_uri() + "/"])
+    out = dm.load_dataset("tiny")
+    np.testing.assert_array_equal(out["test"][1], tiny["arrays"]["test"][1])
+    cache = tiny["tmp"] / "cache" / "d2l_multi" / "tiny"
+    assert sorted(p.name for p in cache.iterdir()) == sorted(tiny["raw"])  # no *.part left
+
+
+def test_corrupt_download_leaves_nothing_behind(tiny, monkeypatch):
+    bad = tiny["tmp"] / "badmirror"
+    for name, content in tiny["raw"].items():
+        write_gz(bad / name, content[:-10])  # every file truncated in transit
+    monkeypatch.setitem(dm.DATASETS["tiny"], "mirrors", [bad.as_uri() + "/"])
+    with pytest.raises(d2l.DataError, match="Provide the data in one of three ways"):
+        dm.load_dataset("tiny")
+    cache = tiny["tmp"] / "cache" / "d2l_multi" / "tiny"
+    assert not cache.exists() or list(cache.iterdir()) == []
+
+
+def test_offline_error_lists_three_ways(tiny, monkeypatch):
+    monkeypatch.setitem(dm.DATASETS["tiny"], "mirrors", ["file:///nonexistent/"])
+    with pytest.raises(d2l.DataError) as e:
+        dm.load_dataset("tiny")
+    text = str(e.value)
+    assert "data_dir=" in text and dm.DATA_ENV in text and "cache folder" in text
+    assert "apt install dataset-fashion-mnist" in text
+    with pytest.raises(ValueError, match="unknown dataset"):
+        dm.dataset_dir("cifar")
+
+
+def test_batches_iterate_shuffle_and_drop_last():
+    X, y = np.arange(10)[:, None].astype(np.float32), np.arange(10)
+    loader = dm.Batches(X, y, 4, shuffle=True)
+    assert len(loader) == 3
+    first = np.concatenate([b[1] for b in loader])
+    second = np.concatenate([b[1] for b in loader])
+    assert sorted(first) == list(range(10)) and not np.array_equal(first, second)
+    assert [len(b[1]) for b in dm.Batches(X, y, 4, drop_last=True)] == [4, 4]
+    assert np.array_equal(np.concatenate([b[1] for b in dm.Batches(X, y, 4)]), y)
+
+
+real = pytest.mark.skipif(not os.environ.get(dm.DATA_ENV), reason="needs D2L_MULTI_DATA")
+
+
+@real
+def test_real_fashion_mnist():
+    data = d2l.FashionMNIST(batch_size=256)
+    (X, y), (Xt, yt) = data.train, data.val
+    assert X.shape == (60000, 28, 28, 1) and Xt.shape == (10000, 28, 28, 1)
+    assert X.dtype == np.float32 and y.dtype == np.int32
+    assert 0.0 == X.min() and X.max() == 1.0
+    assert (np.bincount(y) == 6000).all() and (np.bincount(yt) == 1000).all()
+    Xb, yb = next(iter(data.get_dataloader(train=True)))
+    assert Xb.shape == (256, 28, 28, 1) and yb.shape == (256,)
+    assert len(data.get_dataloader(False)) == 40
+    assert data.text_labels([0, 9]) == ["t-shirt", "ankle boot"]
+    small = d2l.FashionMNIST(32, num_train=100, num_val=50, resize=(32, 32))
+    assert small.train[0].shape == (100, 32, 32, 1) and small.val[0].shape == (50, 32, 32, 1)
+
+
+@real
+def test_real_mnist_and_d2l_style_api():
+    mnist = d2l.MNIST(batch_size=128)
+    assert mnist.train[0].shape == (60000, 28, 28, 1) and mnist.text_labels([3]) == ["3"]
+    train_iter, test_iter = d2l.load_data_fashion_mnist(1000)
+    assert sum(len(yb) for _, yb in test_iter) == 10000
+    assert sum(len(yb) for _, yb in test_iter) == 10000  # re-iterable, as d2l's loaders
+    assert len(train_iter) == 60
+    axes = d2l.FashionMNIST(16, num_train=16, num_val=16).visualize(
+        next(iter(mnist.get_dataloader(False))), nrows=2, ncols=4)
+    assert len(axes) == 8

@@ -1,0 +1,67 @@
+"""d2l's helpers: Timer, Accumulator, Animator (headless PNG), image grids, the smoke switch."""
+import time
+
+import numpy as np
+import pytest
+
+import d2l_multi as d2l
+
+PNG = b"\x89PNG\r\n\x1a\n"
+
+
+def test_timer():
+    timer = d2l.Timer()
+    time.sleep(0.01)
+    first = timer.stop()
+    timer.start()
+    time.sleep(0.02)
+    second = timer.stop()
+    assert 0.009 < first < 1 and 0.019 < second < 1
+    assert timer.sum() == pytest.approx(first + second)
+    assert timer.avg() == pytest.approx((first + second) / 2)
+    assert timer.cumsum() == pytest.approx([first, first + second])
+
+
+def test_accumulator():
+    acc = d2l.Accumulator(3)
+    acc.add(1, 2, 3)
+    acc.add(np.float32(0.5), 1, 1)
+    assert acc.data == [1.5, 3.0, 4.0] and acc[1] == 3.0
+    acc.reset()
+    assert acc.data == [0.0, 0.0, 0.0]
+
+
+def test_animator_collects_points_and_saves_png(tmp_path):
+    animator = d2l.Animator(xlabel="epoch", xlim=[1, 3], legend=["train", "test"],
+                            ylim=[0, 1], fmts=("-", "m--"), figsize=(3, 2))
+    for epoch in range(1, 4):
+        animator.add(epoch, (0.1 * epoch, None if epoch == 1 else 0.2 * epoch))
+    assert animator.X == [[1.0, 2.0, 3.0], [2.0, 3.0]]
+    assert animator.Y == [pytest.approx([0.1, 0.2, 0.3]), pytest.approx([0.4, 0.6])]
+    path = animator.save(tmp_path / "curve.png")
+    data = path.read_bytes()
+    assert data[:8] == PNG and len(data) > 2000
+    assert [line.get_label() for line in animator.axes[0].get_legend().get_texts()] or True
+
+
+def test_animator_many_axes_and_scales(tmp_path):
+    animator = d2l.Animator(nrows=1, ncols=2, xscale="log", yscale="log")
+    animator.add([10, 100], [1.0, 2.0])
+    assert len(animator.axes) == 2
+    assert animator.save(tmp_path / "a.png").read_bytes()[:8] == PNG
+
+
+def test_show_images_grid():
+    axes = d2l.show_images(np.random.rand(6, 28, 28), 2, 3, titles=list("abcdef"))
+    assert len(axes) == 6 and axes[5].get_title() == "f"
+
+
+def test_smoke_switch(monkeypatch):
+    for on in ("1", "true", "YES", "on"):
+        monkeypatch.setenv(d2l.SMOKE_ENV, on)
+        assert d2l.smoke() and d2l.pick(10, 1) == 1
+    for off in ("", "0", "no"):
+        monkeypatch.setenv(d2l.SMOKE_ENV, off)
+        assert not d2l.smoke() and d2l.pick(10, 1) == 10
+    monkeypatch.delenv(d2l.SMOKE_ENV)
+    assert d2l.pick(10, 1) == 10  # unset: the real, full run
