@@ -24,7 +24,7 @@ def batch(n=64, seed=0):
 def test_lenet_shapes_and_param_count():
     params = d2l.init_lenet_params(jax.random.key(0))
     assert sum(p.size for p in params) == 129_068
-    assert d2l.lenet(params, batch(5)[0]).shape == (5, 10)
+    assert jax.jit(d2l.lenet)(params, batch(5)[0]).shape == (5, 10)
 
 
 def test_im2col_equals_lax_conv():
