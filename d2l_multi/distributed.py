@@ -1,0 +1,173 @@
+"""Several processes, one job: ``initialize_distributed`` and process-aware global batches.
+
+A worker script calls ``initialize_distributed()`` before any other JAX code. Under
+``python -m d2l_multi launch`` it reads the launcher's environment variables (``D2L_MULTI_*``);
+on a cluster (SLURM, Open MPI, Kubernetes, Cloud TPU) it lets ``jax.distributed.initialize()``
+detect the settings itself; alone on a laptop it does nothing. Importing this module does not
+start JAX's backend.
+"""
+import os
+
+import jax
+import numpy as np
+from jax.sharding import NamedSharding, PartitionSpec as P
+
+import d2l_multi as d2l
+
+# What the launcher (d2l_multi/launch.py) puts into every worker's environment.
+COORDINATOR_ENV = "D2L_MULTI_COORDINATOR_ADDRESS"
+NUM_PROCESSES_ENV = "D2L_MULTI_NUM_PROCESSES"
+PROCESS_ID_ENV = "D2L_MULTI_PROCESS_ID"
+DEVICES_PER_PROCESS_ENV = "D2L_MULTI_DEVICES_PER_PROCESS"
+HEARTBEAT_TIMEOUT_ENV = "D2L_MULTI_HEARTBEAT_TIMEOUT"
+COLLECTIVE_TIMEOUT_ENV = "D2L_MULTI_COLLECTIVE_TIMEOUT"
+
+
+def _env_int(name, minimum, env):
+    """The integer in environment variable ``name`` (of mapping ``env``), at least ``minimum``."""
+    text = env.get(name)
+    try:
+        value = int(text)
+    except (TypeError, ValueError):
+        raise ValueError(f"{name}={text!r} is not an integer; the launcher sets it "
+                         f"(python -m d2l_multi launch ...), so do not edit it by hand") from None
+    if value < minimum:
+        raise ValueError(f"{name}={value} must be at least {minimum}")
+    return value
+
+
+def launcher_settings(environ=None):
+    """The settings ``python -m d2l_multi launch`` gave this process; None outside it."""
+    env = os.environ if environ is None else environ
+    if not env.get(COORDINATOR_ENV):
+        return None
+    s = {"coordinator_address": env[COORDINATOR_ENV],
+         "num_processes": _env_int(NUM_PROCESSES_ENV, 1, env),
+         "process_id": _env_int(PROCESS_ID_ENV, 0, env),
+         "devices_per_process": _env_int(DEVICES_PER_PROCESS_ENV, 1, env),
+         "heartbeat_timeout": _env_int(HEARTBEAT_TIMEOUT_ENV, 1, env)
+         if env.get(HEARTBEAT_TIMEOUT_ENV) else None,
+         "collective_timeout": _env_int(COLLECTIVE_TIMEOUT_ENV, 1, env)
+         if env.get(COLLECTIVE_TIMEOUT_ENV) else None}
+    if s["process_id"] >= s["num_processes"]:
+        raise ValueError(f"{PROCESS_ID_ENV}={s['process_id']} but the job has only "
+                         f"{s['num_processes']} processes (ids 0..{s['num_processes'] - 1})")
+    return s
+
+
+def detect_cluster(environ=None):
+    """Name the cluster manager that started this process as one of several, or None.
+
+    Returns 'slurm' (inside ``srun`` with more than one task), 'ompi' (``mpirun`` with more
+    than one rank), 'k8s' (a pod of an indexed Kubernetes Job) or 'tpu' (a Cloud TPU VM).
+    """
+    env = os.environ if environ is None else environ
+    slurm = ("SLURM_JOB_ID", "SLURM_STEP_NODELIST", "SLURM_NTASKS", "SLURM_PROCID",
+             "SLURM_LOCALID")
+    if all(v in env for v in slurm) and int(env["SLURM_NTASKS"]) > 1:
+        return "slurm"
+    if "OMPI_MCA_orte_hnp_uri" in env and int(env.get("OMPI_COMM_WORLD_SIZE", "1")) > 1:
+        return "ompi"
+    if "KUBERNETES_SERVICE_HOST" in env and "JOB_COMPLETION_INDEX" in env:
+        return "k8s"
+    if env.get("TPU_WORKER_HOSTNAMES") or env.get("TPU_PROCESS_ADDRESSES"):
+        return "tpu"
+    try:  # set by JAX when it imports on a Cloud TPU VM (libtpu present, TPU chips found)
+        from jax._src.cloud_tpu_init import running_in_cloud_tpu_vm
+    except ImportError:
+        running_in_cloud_tpu_vm = False
+    return "tpu" if running_in_cloud_tpu_vm else None
+
+
+def check_device_counts(devices_per_process=None):
+    """Raise unless every process has ``devices_per_process`` devices (default: as process 0)."""
+    counts = {}
+    for dev in jax.devices():
+        counts[dev.process_index] = counts.get(dev.process_index, 0) + 1
+    if devices_per_process is None:
+        devices_per_process = counts[0]
+    wrong = {p: n for p, n in counts.items() if n != devices_per_process}
+    if wrong:
+        listing = ", ".join(f"process {p}: {n}" for p, n in sorted(counts.items()))
+        raise RuntimeError(
+            f"every process should have {devices_per_process} device(s), but {listing}. "
+            f"JAX needs the same number of local devices in every process: launch all of "
+            f"them with the same --devices-per-process (and as many accelerators each)")
+
+
+def initialize_distributed(heartbeat_timeout=None, collective_timeout=None):
+    """Join this process to its job; return ``(process_index, process_count)``.
+
+    Under ``python -m d2l_multi launch``: simulate the launcher's number of CPU devices
+    (accelerators stay visible) and connect to its coordinator. On a SLURM, Open MPI,
+    Kubernetes or Cloud TPU cluster: let ``jax.distributed.initialize()`` read the
+    cluster's settings. Otherwise: a no-op, one process. Call it before any JAX computation.
+    A peer silent for ``heartbeat_timeout`` seconds counts as dead; a CPU collective that
+    waits ``collective_timeout`` seconds for its peers fails instead of hanging.
+    """
+    if jax.distributed.is_initialized():  # joined already (a second call)
+        return jax.process_index(), jax.process_count()
+    settings = d2l.launcher_settings() or {}
+    if not settings and d2l.detect_cluster() is None:
+        return 0, 1                       # alone: nothing to join
+    heartbeat = heartbeat_timeout or settings.get("heartbeat_timeout") or 100  # JAX's default
+    collective = collective_timeout or settings.get("collective_timeout")
+    flags = os.environ.get("XLA_FLAGS", "")
+    if collective and "xla_cpu_collective_timeout" not in flags:  # read when JAX starts
+        os.environ["XLA_FLAGS"] = f"{flags} --xla_cpu_collective_timeout_seconds={collective}"
+    if jax.config.jax_cpu_collectives_implementation is None:
+        jax.config.update("jax_cpu_collectives_implementation", "gloo")  # CPU collectives
+    if not settings:                      # a cluster: JAX reads its environment itself
+        jax.distributed.initialize(heartbeat_timeout_seconds=heartbeat)
+        d2l.check_device_counts()
+        return jax.process_index(), jax.process_count()
+    k, pid = settings["devices_per_process"], settings["process_id"]
+    try:
+        jax.config.update("jax_num_cpu_devices", k)  # simulated CPU devices; GPUs stay visible
+    except RuntimeError:
+        raise RuntimeError("initialize_distributed() must run before any JAX computation "
+                           "(even jax.devices()); call it first in the script") from None
+    try:
+        jax.distributed.initialize(
+            settings["coordinator_address"], settings["num_processes"], pid,
+            local_device_ids=list(range(pid * k, (pid + 1) * k)),  # GPUs p*k..p*k+k-1
+            initialization_timeout=60, heartbeat_timeout_seconds=heartbeat)
+    except jax.errors.JaxRuntimeError as e:
+        if "Failed to start RPC server" not in str(e):
+            raise
+        raise RuntimeError(
+            f"process 0 could not start the coordinator on "
+            f"{settings['coordinator_address']}: that port is in use. Launch again "
+            f"without --port to get a free one") from None
+    d2l.check_device_counts(k)
+    return jax.process_index(), jax.process_count()
+
+
+def process_batches(X, y, batch_size, shuffle=False, seed=0, epoch=0):
+    """Yield this process's rows ``(X, y, weight)`` of every global batch of ``batch_size``.
+
+    All processes draw the same permutation, so global batch ``i`` holds the same examples
+    however many processes share it; process ``p`` of ``P`` reads only rows
+    ``p*b/P .. (p+1)*b/P`` of it. With ``shuffle`` (training) the last incomplete batch is
+    dropped; without it (evaluation) it is padded with rows of weight 0.
+    """
+    n, num_processes, p = len(X), jax.process_count(), jax.process_index()
+    d2l.check_divisible(batch_size, num_processes)
+    order = np.random.default_rng((seed, epoch)).permutation(n) if shuffle else np.arange(n)
+    if shuffle:
+        order = order[:n - n % batch_size]
+    weight = np.ones(len(order), np.float32)
+    pad = -len(order) % batch_size
+    order = np.concatenate([order, np.zeros(pad, order.dtype)])
+    weight = np.concatenate([weight, np.zeros(pad, np.float32)])
+    local = batch_size // num_processes
+    for start in range(0, len(order), batch_size):
+        rows = slice(start + p * local, start + (p + 1) * local)
+        idx = order[rows]
+        yield X[idx], y[idx], weight[rows]
+
+
+def global_batch(mesh, *local_arrays):
+    """Assemble each process's rows into global arrays sharded over ``mesh``'s first axis."""
+    sharding = NamedSharding(mesh, P(mesh.axis_names[0]))
+    return tuple(jax.make_array_from_process_local_data(sharding, a) for a in local_arrays)
