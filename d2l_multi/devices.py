@@ -4,8 +4,6 @@ Nothing here runs at import time: JAX's backend starts only when a function is c
 reader can import ``d2l_multi`` and still choose how many devices to simulate.
 """
 
-import os
-
 
 def _jax():
     import jax
@@ -21,9 +19,6 @@ def simulate_devices(n=8):
     if isinstance(n, bool) or not isinstance(n, int) or n < 1:
         raise ValueError(f"simulate_devices needs a positive integer, got {n!r}")
     jax = _jax()
-    from jax._src import xla_bridge
-    if n > 1 and not xla_bridge.backends_are_initialized():
-        _single_threaded_ops()
     try:
         jax.config.update("jax_num_cpu_devices", n)
     except RuntimeError:
@@ -35,19 +30,6 @@ def simulate_devices(n=8):
                 f"d2l_multi.simulate_devices({n}) before any other JAX code runs "
                 f"(or set JAX_NUM_CPU_DEVICES={n} before starting Python).") from None
     return jax.devices()
-
-
-def _single_threaded_ops():
-    """Run each CPU device's ops on its own thread (XLA_FLAGS), avoiding a deadlock.
-
-    With several CPU devices, XLA:CPU may finish a multi-threaded op on a shared worker thread
-    and continue that device's program there, up to a collective that waits for the other
-    devices, whose ops need the same (now blocked) workers: measured here with 8 devices on 2
-    cores, the step hung and XLA aborted after 40 s. One thread per device avoids it.
-    """
-    flags = os.environ.get("XLA_FLAGS", "")
-    if "xla_cpu_multi_thread_eigen" not in flags:
-        os.environ["XLA_FLAGS"] = f"{flags} --xla_cpu_multi_thread_eigen=false".strip()
 
 
 def num_gpus():

@@ -32,8 +32,8 @@ def train(num_devices, batch_size, lr, num_epochs=10, data=None, conv=d2l.conv2d
     timer, history = d2l.Timer(), []
     for epoch in range(num_epochs):
         timer.start()
-        for X, y in data.get_dataloader(True, batch_size, drop_last=True):
-            params, loss = d2l.train_batch(params, X, y, num_devices, lr, conv)
+        for i, (X, y) in enumerate(data.get_dataloader(True, batch_size, drop_last=True)):
+            params, loss = d2l.throttle(d2l.train_batch(params, X, y, num_devices, lr, conv), i)
         loss = float(loss[0])  # waits for the last step, so the timer sees all the work
         timer.stop()
         if not math.isfinite(loss):

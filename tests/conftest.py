@@ -4,6 +4,6 @@ import os
 os.environ.setdefault("MPLBACKEND", "Agg")
 os.environ.setdefault("KERAS_BACKEND", "jax")
 
-import d2l_multi  # noqa: E402  (sets XLA_FLAGS before JAX starts, see simulate_devices)
+import d2l_multi  # noqa: E402
 
 d2l_multi.simulate_devices(8)

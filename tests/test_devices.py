@@ -25,7 +25,6 @@ def test_simulate_devices_in_a_fresh_process():
     out = run_python(
         "import d2l_multi as d2l\n"
         "print(len(d2l.simulate_devices(4)))\n"
-        "import os; assert 'xla_cpu_multi_thread_eigen=false' in os.environ['XLA_FLAGS']\n"
         "print(len(d2l.simulate_devices(4)))  # same count again: fine\n"
         "try:\n    d2l.simulate_devices(2)\n"
         "except RuntimeError as e:\n    print('ERR', e)\n")
