@@ -11,6 +11,14 @@ from .plot import Animator, set_axes, show_images, use_svg_display
 from .utils import Accumulator, Timer
 
 __version__ = "0.1.0"
-from .models import avg_pool2d, conv2d, init_lenet_params, lenet, loss_fn
+from .models import (avg_pool2d, best_conv, conv2d, conv2d_im2col, init_lenet_params, lenet,
+                     loss_fn)
 from .parallel import (allreduce, check_divisible, pmap_sgd_step, replicate, ring_allreduce,
                        split_batch, train_batch, unreplicate)
+from .train import evaluate_accuracy, num_correct, train
+from .concise import check_spec, data_mesh, make_shard_map_step, make_train_step, shard, shard_batch
+from .flax_models import (CNN, CNNBatchNorm, Residual, ResNet, ResNet18, TrainState, apply_model, bn_train_step, create_bn_train_state, create_train_state, cross_entropy_loss, evaluate_flax, jit_train_step, num_correct_flax, train_sharded, update_model)
+from .distributed import (check_device_counts, detect_cluster, global_batch, initialize_distributed, launcher_settings, process_batches)
+from .keras_models import keras_assign_state, keras_convnet, keras_train_state, make_keras_train_step
+from .concise import throttle
+from .keras_models import keras_throttle

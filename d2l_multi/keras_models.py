@@ -1,0 +1,71 @@
+"""Keras 3 on JAX, data parallel: the Keras guide's convnet, its variables as a JAX train state,
+and a stateless training step that ``jax.jit`` parallelises over a sharded batch.
+
+Keras reads ``KERAS_BACKEND`` when it is first imported, so nothing here imports keras at module
+import time: set ``os.environ['KERAS_BACKEND'] = 'jax'`` first, then call these functions.
+"""
+import jax
+
+import d2l_multi as d2l
+
+
+def keras_convnet():
+    """The convnet of Keras' JAX distributed-training guide, for 28x28x1 images in [0, 1]."""
+    import keras
+    inputs = keras.Input(shape=(28, 28, 1))
+    x = keras.layers.Conv2D(12, 3, padding="same", use_bias=False)(inputs)
+    x = keras.layers.ReLU()(keras.layers.BatchNormalization(scale=False, center=True)(x))
+    x = keras.layers.Conv2D(24, 6, strides=2, use_bias=False)(x)
+    x = keras.layers.ReLU()(keras.layers.BatchNormalization(scale=False, center=True)(x))
+    x = keras.layers.Conv2D(32, 6, padding="same", strides=2)(x)
+    x = keras.layers.ReLU()(keras.layers.BatchNormalization(scale=False, center=True)(x))
+    x = keras.layers.GlobalAveragePooling2D()(x)
+    x = keras.layers.Dense(256, activation="relu")(x)
+    x = keras.layers.Dropout(0.5)(x)
+    outputs = keras.layers.Dense(10)(x)  # logits
+    return keras.Model(inputs, outputs)
+
+
+def keras_train_state(model, optimizer):
+    """The variables' values as JAX arrays: (trainable, non-trainable, optimizer variables)."""
+    optimizer.build(model.trainable_variables)
+    return tuple([v.value for v in variables] for variables in (
+        model.trainable_variables, model.non_trainable_variables, optimizer.variables))
+
+
+def make_keras_train_step(model, loss_fn, optimizer):
+    """A jit-compiled stateless step, ``train_step(state, X, y) -> (loss, state)``."""
+    def compute_loss(trainable, non_trainable, X, y):
+        y_pred, non_trainable = model.stateless_call(trainable, non_trainable, X,
+                                                     training=True)
+        return loss_fn(y, y_pred), non_trainable
+
+    @jax.jit
+    def train_step(state, X, y):
+        trainable, non_trainable, optimizer_variables = state
+        (loss, non_trainable), grads = jax.value_and_grad(compute_loss, has_aux=True)(
+            trainable, non_trainable, X, y)
+        trainable, optimizer_variables = optimizer.stateless_apply(
+            optimizer_variables, grads, trainable)
+        return loss, (trainable, non_trainable, optimizer_variables)
+    return train_step
+
+
+def keras_assign_state(model, optimizer, state):
+    """Write a train state back into the Keras model and optimizer (to evaluate, save, ...)."""
+    for variables, values in zip((model.trainable_variables, model.non_trainable_variables,
+                                  optimizer.variables), state):
+        for variable, value in zip(variables, values):
+            # A copy: Keras' fit/evaluate donate their variables' buffers, deleting them.
+            variable.assign(jax.device_put(value, may_alias=False))
+
+
+def keras_throttle(every=8):
+    """A Keras callback for ``fit`` that waits for every ``every``-th batch (``d2l.throttle``).
+
+    A batch-level callback also makes Keras fetch each batch's logs; either way the queue of
+    dispatched steps stays short, which multi-device XLA:CPU needs (see ``d2l.throttle``).
+    """
+    import keras
+    return keras.callbacks.LambdaCallback(
+        on_train_batch_end=lambda batch, logs: d2l.throttle(logs, batch, every))

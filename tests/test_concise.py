@@ -1,0 +1,89 @@
+"""Bad input to the concise data-parallel helpers fails early, naming the value and the fix."""
+import os
+import subprocess
+import sys
+
+import jax
+import numpy as np
+import pytest
+from jax.sharding import PartitionSpec as P
+
+import d2l_multi as d2l
+
+
+@pytest.fixture(scope="module")
+def mesh():
+    return d2l.data_mesh()
+
+
+def test_data_mesh_is_one_auto_axis_over_all_devices(mesh):
+    assert mesh.axis_names == ("data",)
+    assert mesh.shape["data"] == len(jax.devices())
+    assert mesh.axis_types == (jax.sharding.AxisType.Auto,)
+
+
+def test_mesh_larger_than_devices_says_how_many_exist_and_how_to_get_more():
+    n = len(jax.devices())
+    with pytest.raises(ValueError) as e:
+        d2l.data_mesh(n + 1)
+    message = str(e.value)
+    assert f"asked for {n + 1} devices" in message and f"only {n}" in message
+    assert f"simulate_devices({n + 1})" in message
+
+
+def test_batch_not_divisible_names_sizes_that_work(mesh):
+    X, y = np.zeros((10, 28, 28, 1), np.float32), np.zeros(10, np.int32)
+    with pytest.raises(ValueError, match=r"batch size 10 .* 8 devices; use a multiple of 8, "
+                                         r"e\.g\. 8 or 16"):
+        d2l.shard_batch(X, y, mesh)
+
+
+def test_spec_naming_a_missing_axis_lists_the_mesh_axes(mesh):
+    with pytest.raises(ValueError) as e:
+        d2l.shard(np.zeros((8, 4)), mesh, P("batch"))
+    message = str(e.value)
+    assert "'batch'" in message and "('data',)" in message
+    assert "axis_name='batch'" in message  # the fix: rename, or build the mesh with that name
+
+
+def test_shard_batch_with_an_axis_the_mesh_lacks(mesh):
+    with pytest.raises(ValueError, match="mesh has only the axes"):
+        d2l.shard_batch(np.zeros((8, 2)), np.zeros(8), mesh, axis_name="batch")
+
+
+def test_dimension_not_divisible_by_its_mesh_axis(mesh):
+    with pytest.raises(ValueError, match=r"dimension 1 .* size 10, .* multiple of 8, e\.g\. 8 or 16"):
+        d2l.shard(np.zeros((4, 10)), mesh, P(None, "data"))
+
+
+def test_good_specs_pass_and_shard_replicates_by_default(mesh):
+    d2l.check_spec(P(None, ("data",)), mesh, (3, 16))
+    d2l.check_spec(P(), mesh, (5,))
+    x = d2l.shard(np.arange(6.0), mesh)
+    assert x.sharding.spec == P() and len(x.addressable_shards) == len(jax.devices())
+    Xs, ys = d2l.shard_batch(np.zeros((16, 2)), np.zeros(16), mesh)
+    assert Xs.sharding.spec == ys.sharding.spec == P("data")
+    assert Xs.addressable_shards[0].data.shape == (16 // len(jax.devices()), 2)
+
+
+def test_importing_d2l_multi_does_not_import_keras():
+    """Keras picks its backend on first import: importing d2l_multi must leave that choice open
+    (without KERAS_BACKEND, Keras would pick TensorFlow, which is not installed)."""
+    env = {k: v for k, v in os.environ.items() if k != "KERAS_BACKEND"}
+    code = "import sys, d2l_multi; assert 'keras' not in sys.modules, 'keras was imported'"
+    subprocess.run([sys.executable, "-c", code], env=env, check=True)
+
+
+def test_throttle_waits_every_n_steps(monkeypatch):
+    waited = []
+    monkeypatch.setattr(jax, "block_until_ready", lambda x: waited.append(x) or x)
+    results = [d2l.throttle(i, i, every=4) for i in range(10)]
+    assert results == list(range(10))  # returns its argument unchanged
+    assert waited == [3, 7]
+
+
+def test_keras_throttle_is_a_batch_callback():
+    import keras
+    callback = d2l.keras_throttle(every=2)
+    assert isinstance(callback, keras.callbacks.Callback)
+    callback.on_train_batch_end(1, {"loss": 0.5})  # Keras passes logs as floats or arrays

@@ -1,0 +1,202 @@
+"""Same initial parameters, same global batches, K SGD steps: every data-parallel formulation in
+the chapter reaches the parameters of the single-device run.
+
+Tolerance: ``allclose(rtol=1e-5, atol=1e-6)`` for SGD (float32; the data-parallel runs only sum
+the same numbers in a different order), ``rtol=1e-4, atol=1e-5`` for Keras' Adam, which divides
+by the square root of small second moments and so magnifies rounding a little.
+Inputs are random (no dataset needed) and small (4 examples per device) to stay fast;
+parameters are filled with NumPy so no random-initialisation code has to compile.
+"""
+import numpy as np
+import optax
+import pytest
+from flax import jax_utils
+from flax.training import train_state
+from jax import lax
+from jax.sharding import PartitionSpec as P
+
+import jax
+import d2l_multi as d2l
+
+K = 3                       # SGD steps, k >= 3
+NUM_DEVICES = 8             # conftest simulates 8 CPU devices
+BATCH = 4 * NUM_DEVICES     # global batch
+LR = 0.1
+SGD_TOL = dict(rtol=1e-5, atol=1e-6)
+ADAM_TOL = dict(rtol=1e-4, atol=1e-5)
+
+
+def assert_trees_close(a, b, tol=SGD_TOL):
+    leaves_a, leaves_b = jax.tree.leaves(a), jax.tree.leaves(b)
+    assert len(leaves_a) == len(leaves_b)
+    for u, v in zip(leaves_a, leaves_b):
+        np.testing.assert_allclose(np.asarray(u), np.asarray(v), **tol)
+
+
+def numpy_like(shapes, seed=0, scale=0.1):
+    """Arrays of the shapes in ``shapes`` (a pytree of ShapeDtypeStructs), filled by NumPy."""
+    rng = np.random.default_rng(seed)
+    return jax.tree.map(lambda s: (scale * rng.standard_normal(s.shape)).astype(s.dtype), shapes)
+
+
+@pytest.fixture(scope="module")
+def batches():
+    rng = np.random.default_rng(1)
+    return [(rng.random((BATCH, 28, 28, 1), dtype=np.float32),
+             rng.integers(0, 10, BATCH).astype(np.int32)) for _ in range(K)]
+
+
+@pytest.fixture(scope="module")
+def mesh():
+    return d2l.data_mesh(NUM_DEVICES)
+
+
+# ----- LeNet from scratch: single device vs pmap vs jit + NamedSharding vs shard_map -----
+
+@pytest.fixture(scope="module")
+def lenet_params():
+    return numpy_like(jax.eval_shape(d2l.init_lenet_params, jax.random.key(0)))
+
+
+@jax.jit
+def sgd_step(params, X, y):
+    grads = jax.grad(d2l.loss_fn)(params, X, y)
+    return [p - LR * g for p, g in zip(params, grads)]
+
+
+@pytest.fixture(scope="module")
+def single_device(lenet_params, batches):
+    params = lenet_params
+    for X, y in batches:
+        params = sgd_step(params, X, y)
+    return params
+
+
+def test_pmap_step_equals_single_device(lenet_params, batches, single_device):
+    params = d2l.replicate(lenet_params, d2l.devices(NUM_DEVICES))
+    for X, y in batches:
+        params, _ = d2l.train_batch(params, X, y, NUM_DEVICES, LR)
+    assert_trees_close(d2l.unreplicate(params), single_device)
+
+
+def test_jit_sharding_step_equals_single_device(lenet_params, batches, single_device, mesh):
+    optimizer = optax.sgd(LR)
+    step = d2l.make_train_step(optimizer)
+    params = d2l.shard(lenet_params, mesh)
+    opt_state = d2l.shard(optimizer.init(lenet_params), mesh)
+    for X, y in batches:
+        params, opt_state, _ = step(params, opt_state, *d2l.shard_batch(X, y, mesh))
+    assert params[0].sharding.spec == P()  # still replicated
+    assert_trees_close(params, single_device)
+
+
+def test_shard_map_step_equals_single_device(lenet_params, batches, single_device, mesh):
+    optimizer = optax.sgd(LR)
+    step = d2l.make_shard_map_step(mesh, optimizer)
+    params, opt_state = d2l.shard(lenet_params, mesh), optimizer.init(lenet_params)
+    for X, y in batches:
+        params, opt_state, _ = step(params, opt_state, *d2l.shard_batch(X, y, mesh))
+    assert_trees_close(params, single_device)
+
+
+def test_shard_map_grad_trap_is_num_devices_times_too_large(lenet_params, batches, mesh):
+    """With check_vma, grad w.r.t. replicated params already sums over devices: pmap's
+    'grad, then pmean' gives NUM_DEVICES times the gradient; grad of pmean(loss) is right."""
+    X, y = batches[0]
+    reference = jax.jit(jax.grad(d2l.loss_fn))(lenet_params, X, y)
+
+    def pmap_habit(params, X, y):
+        return lax.pmean(jax.grad(d2l.loss_fn)(params, X, y), "data")
+
+    def right(params, X, y):
+        return jax.grad(lambda p: lax.pmean(d2l.loss_fn(p, X, y), "data"))(params)
+
+    def run(f):
+        return jax.jit(jax.shard_map(f, mesh=mesh, in_specs=(P(), P("data"), P("data")),
+                                     out_specs=P()))(lenet_params, X, y)
+
+    assert_trees_close(run(right), reference)
+    assert_trees_close(run(pmap_habit), [NUM_DEVICES * g for g in reference],
+                       tol=dict(rtol=1e-5, atol=1e-5))
+
+
+# ----- Flax: pmap (apply_model / update_model) vs jit + NamedSharding -----
+
+def flax_state(model, seed=0, momentum=0.9):
+    shapes = jax.eval_shape(model.init, jax.random.key(0), jax.ShapeDtypeStruct(
+        (1, 28, 28, 1), np.float32))
+    variables = numpy_like(shapes, seed)
+    if "batch_stats" in variables:  # BatchNorm: running mean 0, variance 1
+        variables["batch_stats"] = jax.tree_util.tree_map_with_path(
+            lambda path, v: np.ones_like(v) if "var" in jax.tree_util.keystr(path)
+            else np.zeros_like(v), variables["batch_stats"])
+        return jax.device_get(d2l.TrainState.create(
+            apply_fn=model.apply, params=variables["params"],
+            batch_stats=variables["batch_stats"], tx=optax.sgd(LR, momentum)))
+    return jax.device_get(train_state.TrainState.create(
+        apply_fn=model.apply, params=variables["params"], tx=optax.sgd(LR, momentum)))
+
+
+def test_flax_pmap_equals_flax_jit(batches, mesh):
+    state = flax_state(d2l.CNN())
+    pmapped = jax_utils.replicate(state)
+    sharded = d2l.shard(state, mesh)
+    for X, y in batches:
+        grads, _, _ = d2l.apply_model(pmapped, *d2l.split_batch(X, y, NUM_DEVICES))
+        pmapped = d2l.update_model(pmapped, grads)
+        sharded, _, _ = d2l.jit_train_step(sharded, *d2l.shard_batch(X, y, mesh))
+    pmapped = jax_utils.unreplicate(pmapped)
+    assert int(pmapped.step) == int(sharded.step) == K
+    assert_trees_close(pmapped.params, sharded.params)
+    assert_trees_close(pmapped.opt_state, sharded.opt_state)  # momentum buffers too
+
+
+def test_flax_batchnorm_global_statistics(batches, mesh):
+    """BatchNorm under jit + shardings == pmap with axis_name: global batch statistics."""
+    state = flax_state(d2l.CNNBatchNorm())
+    synced_model = d2l.CNNBatchNorm(axis_name="devices")
+    step_pmap = jax.pmap(lambda s, X, y: d2l.bn_train_step(s, X, y, axis_name="devices"),
+                         axis_name="devices")
+    step_jit = jax.jit(d2l.bn_train_step)
+    sharded = d2l.shard(state, mesh)
+    pmapped = jax_utils.replicate(state.replace(apply_fn=synced_model.apply))
+    for X, y in batches:
+        order = np.argsort(y, kind="stable")  # shards whose own statistics differ
+        X, y = X[order], y[order]
+        sharded, _, _ = step_jit(sharded, *d2l.shard_batch(X, y, mesh))
+        pmapped, _, _ = step_pmap(pmapped, *d2l.split_batch(X, y, NUM_DEVICES))
+    pmapped = jax_utils.unreplicate(pmapped)
+    assert_trees_close(pmapped.params, sharded.params, tol=dict(rtol=1e-4, atol=1e-5))
+    assert_trees_close(pmapped.batch_stats, sharded.batch_stats, tol=dict(rtol=1e-4, atol=1e-5))
+
+
+# ----- Keras 3 on JAX: the stateless data-parallel step vs the single-device step -----
+
+def small_keras_model():
+    import keras
+    inputs = keras.Input(shape=(28, 28, 1))
+    x = keras.layers.Conv2D(4, 3, strides=2, use_bias=False)(inputs)
+    x = keras.layers.ReLU()(keras.layers.BatchNormalization()(x))
+    x = keras.layers.GlobalAveragePooling2D()(x)
+    x = keras.layers.Dropout(0.5)(x)
+    return keras.Model(inputs, keras.layers.Dense(10)(x))
+
+
+def test_keras_data_parallel_step_equals_single_device(batches, mesh):
+    import keras
+    keras.utils.set_random_seed(0)
+    model = small_keras_model()
+    optimizer = keras.optimizers.Adam(learning_rate=1e-2)
+    loss_fn = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
+    step = d2l.make_keras_train_step(model, loss_fn, optimizer)
+    state = d2l.keras_train_state(model, optimizer)
+    single, parallel = state, d2l.shard(state, mesh)
+    for X, y in batches:
+        _, single = step(single, X, y)
+        _, parallel = step(parallel, *d2l.shard_batch(X, y, mesh))
+    assert_trees_close(single, parallel, tol=ADAM_TOL)  # BatchNorm stats and dropout seed too
+    # writing back copies the arrays: the Keras model holds the trained values
+    d2l.keras_assign_state(model, optimizer, parallel)
+    np.testing.assert_array_equal(np.asarray(model.trainable_variables[0].value),
+                                  np.asarray(parallel[0][0]))
+    assert model.trainable_variables[0].value is not parallel[0][0]
