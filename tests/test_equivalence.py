@@ -1,9 +1,10 @@
 """Same initial parameters, same global batches, K SGD steps: every data-parallel formulation in
 the chapter reaches the parameters of the single-device run.
 
-Tolerance: ``allclose(rtol=1e-5, atol=1e-6)`` for SGD (float32; the data-parallel runs only sum
-the same numbers in a different order), ``rtol=1e-4, atol=1e-5`` for Keras' Adam, which divides
-by the square root of small second moments and so magnifies rounding a little.
+Tolerance: ``allclose(rtol=1e-5, atol=1e-6)`` (float32; the data-parallel runs only sum the
+same numbers in a different order), looser only where stated. Every run uses SGD (with or without
+momentum): Adam rescales each update by the gradient's own history, so it does not keep rounding
+differences small (notebook 06, exercise 4).
 Inputs are random (no dataset needed) and small (4 examples per device) to stay fast;
 parameters are filled with NumPy so no random-initialisation code has to compile.
 """
@@ -23,7 +24,6 @@ NUM_DEVICES = 8             # conftest simulates 8 CPU devices
 BATCH = 4 * NUM_DEVICES     # global batch
 LR = 0.1
 SGD_TOL = dict(rtol=1e-5, atol=1e-6)
-ADAM_TOL = dict(rtol=1e-4, atol=1e-5)
 
 
 def assert_trees_close(a, b, tol=SGD_TOL):
@@ -186,7 +186,7 @@ def test_keras_data_parallel_step_equals_single_device(batches, mesh):
     import keras
     keras.utils.set_random_seed(0)
     model = small_keras_model()
-    optimizer = keras.optimizers.Adam(learning_rate=1e-2)
+    optimizer = keras.optimizers.SGD(learning_rate=LR, momentum=0.9)
     loss_fn = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
     step = d2l.make_keras_train_step(model, loss_fn, optimizer)
     state = d2l.keras_train_state(model, optimizer)
@@ -194,7 +194,7 @@ def test_keras_data_parallel_step_equals_single_device(batches, mesh):
     for X, y in batches:
         _, single = step(single, X, y)
         _, parallel = step(parallel, *d2l.shard_batch(X, y, mesh))
-    assert_trees_close(single, parallel, tol=ADAM_TOL)  # BatchNorm stats and dropout seed too
+    assert_trees_close(single, parallel)  # BatchNorm statistics and the dropout seed too
     # writing back copies the arrays: the Keras model holds the trained values
     d2l.keras_assign_state(model, optimizer, parallel)
     np.testing.assert_array_equal(np.asarray(model.trainable_variables[0].value),

@@ -1,0 +1,53 @@
+"""Author notebooks as percent-format Python and build them (jupytext), keeping #@save cells
+equal to the library.
+
+    python tools/nb.py build SRC.py chapters/NN_name.ipynb   # percent .py -> notebook, no outputs
+    python tools/nb.py source chapters/NN_name.ipynb SRC.py  # notebook -> percent .py, to edit
+
+In a source, a line ``#@src name1 name2`` is replaced by the library's source of those
+``d2l_multi`` functions/classes (separated by blank lines), so a ``#@save`` cell is written as
+``#@save`` + ``#@src name`` and cannot drift from the package (tests/test_book_sync.py checks).
+"""
+import inspect
+import pathlib
+import sys
+
+import jupytext
+
+
+def expand(text):
+    import d2l_multi
+    out = []
+    for line in text.splitlines():
+        if line.startswith("#@src "):
+            names = line.split()[1:]
+            parts = [inspect.getsource(inspect.unwrap(getattr(d2l_multi, n))).rstrip("\n")
+                     for n in names]
+            out.append("\n\n\n".join(parts))
+        else:
+            out.append(line)
+    return "\n".join(out) + "\n"
+
+
+def build(src, dst):
+    nb = jupytext.reads(expand(pathlib.Path(src).read_text()), fmt="py:percent")
+    nb.metadata.pop("jupytext", None)
+    nb.metadata["kernelspec"] = {"display_name": "Python 3", "language": "python",
+                                 "name": "python3"}
+    for cell in nb.cells:
+        cell.metadata = {}
+        if cell.cell_type == "code":
+            cell.outputs, cell.execution_count = [], None
+    tmp = pathlib.Path(dst).with_suffix(".tmp")
+    jupytext.write(nb, tmp, fmt="ipynb")
+    tmp.replace(dst)
+
+
+def source(nb_path, dst):
+    nb = jupytext.read(nb_path)
+    jupytext.write(nb, dst, fmt="py:percent")
+
+
+if __name__ == "__main__":
+    cmd, a, b = sys.argv[1:4]
+    {"build": build, "source": source}[cmd](a, b)
