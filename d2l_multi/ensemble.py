@@ -1,2 +1,135 @@
-"""(being written)"""
-__all__ = []
+"""Ensembles, one model per device: Flax's ensembling recipe with ``pmap`` (every device
+initialises and trains a different CNN on the same batches; the members' softmax probabilities
+are averaged with ``lax.pmean``) and its modern twin, a stacked ensemble (a leading 'model' axis
+on every array) made with ``jax.vmap``, laid out over a mesh's 'model' axis, run under ``jit``."""
+import functools
+
+import jax
+import jax.numpy as jnp
+from flax import jax_utils
+from jax import lax
+from jax.sharding import NamedSharding, PartitionSpec as P
+
+import d2l_multi as d2l
+
+__all__ = ["apply_ensemble", "check_ensemble_size", "create_ensemble_state",
+           "create_stacked_ensemble", "ensemble_num_correct", "evaluate_ensemble",
+           "map_members", "member_num_correct", "member_step", "stacked_train_step"]
+
+
+def check_ensemble_size(num_members, num_devices, one_per_device=False):
+    """Raise a ValueError naming the fix unless ``num_members`` models fit ``num_devices``:
+    exactly one per device (``pmap``), or the same number on every device (stacked)."""
+    if isinstance(num_members, bool) or not isinstance(num_members, int) or num_members < 1:
+        raise ValueError(f"an ensemble needs a positive number of models, got {num_members!r}")
+    if one_per_device and num_members != num_devices:
+        raise ValueError(
+            f"the pmap ensemble puts one model on each device, so it needs as many models as "
+            f"devices: got {num_members} keys for {num_devices} devices. Pass "
+            f"jax.random.split(rng, {num_devices}), or train {num_members} models as a stacked "
+            f"ensemble (d2l.create_stacked_ensemble) on a mesh whose 'model' axis divides "
+            f"{num_members}")
+    if num_members % num_devices:
+        lower = num_members - num_members % num_devices
+        sizes = " or ".join(str(n) for n in (lower, lower + num_devices) if n > 0)
+        axis = max(d for d in range(1, num_devices + 1)
+                   if num_members % d == 0 and num_devices % d == 0)
+        raise ValueError(
+            f"an ensemble of {num_members} models does not split evenly over the "
+            f"{num_devices} devices of the mesh's 'model' axis; use a multiple of "
+            f"{num_devices} models, e.g. {sizes}, or a 'model' axis of {axis} "
+            f"device{'s' if axis > 1 else ''} (a "
+            f"divisor of {num_members}), e.g. a ({axis}, {num_devices // axis}) mesh with axes "
+            f"('model', 'data') that also splits each batch over 'data'")
+
+
+def create_ensemble_state(rngs, learning_rate, momentum):
+    """Flax's ensembling recipe: ``create_train_state`` pmapped, the learning rate and momentum
+    static, one key per device (``jax.random.split(rng, jax.device_count())``), so every device
+    initialises a different CNN."""
+    check_ensemble_size(len(rngs), jax.local_device_count(), one_per_device=True)
+    create = jax.pmap(d2l.create_train_state, static_broadcasted_argnums=(1, 2))
+    return create(rngs, learning_rate, momentum)
+
+
+@functools.partial(jax.pmap, axis_name="ensemble")
+def apply_ensemble(state, images, labels):
+    """Each device's member: its gradients and loss on the (replicated) batch; and the
+    accuracy of the ensemble, whose probabilities are the members' average."""
+    grad_fn = jax.value_and_grad(d2l.cross_entropy_loss, has_aux=True)
+    (loss, logits), grads = grad_fn(state.params, state, images, labels)
+    probs = lax.pmean(jax.nn.softmax(logits), axis_name="ensemble")  # average over members
+    accuracy = jnp.mean(jnp.argmax(probs, -1) == labels)
+    return grads, loss, accuracy
+
+
+def member_num_correct(state, images, labels, axis_name):
+    """How many predictions of one member, and of the ensemble (the members' probabilities
+    averaged over ``axis_name``), equal ``labels``."""
+    probs = jax.nn.softmax(state.apply_fn({"params": state.params}, images))
+    ensemble_probs = lax.pmean(probs, axis_name=axis_name)
+    return ((jnp.argmax(probs, -1) == labels).sum(),
+            (jnp.argmax(ensemble_probs, -1) == labels).sum())
+
+
+@functools.partial(jax.pmap, axis_name="ensemble")
+def ensemble_num_correct(state, images, labels):
+    """``member_num_correct`` on every device of a pmap ensemble."""
+    return member_num_correct(state, images, labels, axis_name="ensemble")
+
+
+def create_stacked_ensemble(rngs, learning_rate, momentum, mesh):
+    """The twin of ``create_ensemble_state``: ``create_train_state`` vmapped over the keys under
+    ``jit``; every array gets a leading 'model' axis, sharded over the mesh axis 'model'."""
+    d2l.check_spec(P("model"), mesh)
+    check_ensemble_size(len(rngs), mesh.shape["model"])
+    create = jax.vmap(d2l.create_train_state, in_axes=(0, None, None))
+    create = jax.jit(create, static_argnums=(1, 2),
+                     out_shardings=NamedSharding(mesh, P("model")))
+    return create(rngs, learning_rate, momentum)
+
+
+def member_step(state, images, labels, axis_name):
+    """One member's SGD step on the batch; its loss; and the accuracy of the ensemble, whose
+    probabilities are the members' average over ``axis_name``."""
+    grad_fn = jax.value_and_grad(d2l.cross_entropy_loss, has_aux=True)
+    (loss, logits), grads = grad_fn(state.params, state, images, labels)
+    probs = lax.pmean(jax.nn.softmax(logits), axis_name=axis_name)
+    accuracy = jnp.mean(jnp.argmax(probs, -1) == labels)
+    return state.apply_gradients(grads=grads), loss, accuracy
+
+
+@jax.jit
+def stacked_train_step(state, images, labels):
+    """The twin of ``apply_ensemble`` + ``update_model``: ``member_step`` vmapped over the
+    leading axis of a stacked ``state``; how ``state`` is sharded is left to the compiler."""
+    step = functools.partial(member_step, images=images, labels=labels, axis_name="member")
+    return jax.vmap(step, axis_name="member")(state)
+
+
+@functools.lru_cache
+def map_members(member_fn, mesh):
+    """``jit(shard_map(vmap(member_fn)))`` for a stacked ensemble sharded ``P('model')`` over
+    ``mesh``: every device maps ``member_fn`` over its own members only, on the whole batch.
+    ``axis_name=('model', 'member')`` (devices, then members on a device) names all members."""
+    def local(state, images, labels):  # state: this device's members
+        fn = functools.partial(member_fn, images=images, labels=labels,
+                               axis_name=("model", "member"))
+        return jax.vmap(fn, axis_name="member")(state)
+    return jax.jit(jax.shard_map(local, mesh=mesh, in_specs=(P("model"), P(), P()),
+                                 out_specs=P("model"), check_vma=False))
+
+
+def evaluate_ensemble(state, data_iter, mesh=None):
+    """Test accuracy of every member and of the ensemble. ``mesh=None``: a pmap ensemble, each
+    batch replicated to the devices; else a stacked ensemble, each batch replicated on ``mesh``."""
+    members, ensemble, n = 0, 0, 0
+    for X, y in data_iter:
+        if mesh is None:
+            correct = ensemble_num_correct(state, *jax_utils.replicate((X, y)))
+        else:
+            correct = map_members(member_num_correct, mesh)(state, *d2l.shard((X, y), mesh))
+        members_correct, ensemble_correct = jax.device_get(correct)  # waits: a short queue
+        members, ensemble = members + members_correct, ensemble + ensemble_correct[0]
+        n += len(y)
+    return members / n, float(ensemble / n)

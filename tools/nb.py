@@ -38,7 +38,7 @@ def build(src, dst):
         cell.metadata = {}
         if cell.cell_type == "code":
             cell.outputs, cell.execution_count = [], None
-    tmp = pathlib.Path(dst).with_suffix(".tmp")
+    tmp = pathlib.Path(dst).with_suffix(".tmp.ipynb")
     jupytext.write(nb, tmp, fmt="ipynb")
     tmp.replace(dst)
 

@@ -1,0 +1,201 @@
+"""Ensembles (notebook 07): the pmap recipe and the stacked (vmap + NamedSharding) twin train the
+same members to the same parameters; the members really differ; the ensemble's accuracy is the
+accuracy of the members' averaged probabilities; bad ensemble sizes fail with the fix.
+
+Tolerance: ``allclose(rtol=1e-5, atol=1e-6)`` on the whole train state (float32; the twin
+computes every member's step with the same operations, batched differently).
+Inputs are small random batches (8 images) so the slow jit(vmap) path stays fast.
+"""
+import jax
+import numpy as np
+import pytest
+from flax import jax_utils
+from jax.sharding import AxisType, PartitionSpec as P
+
+import d2l_multi as d2l
+
+K = 3                 # SGD steps, k >= 3
+NUM_DEVICES = 8       # conftest simulates 8 CPU devices
+BATCH = 8             # every member sees the whole batch
+LR, MOMENTUM = 0.1, 0.9
+TOL = dict(rtol=1e-5, atol=1e-6)
+
+
+def assert_trees_close(a, b, tol=TOL):
+    leaves_a, leaves_b = jax.tree.leaves(a), jax.tree.leaves(b)
+    assert len(leaves_a) == len(leaves_b)
+    for u, v in zip(leaves_a, leaves_b):
+        np.testing.assert_allclose(np.asarray(u), np.asarray(v), **tol)
+
+
+def model_mesh(n=NUM_DEVICES):
+    return jax.make_mesh((n,), ("model",), axis_types=(AxisType.Auto,),
+                         devices=jax.devices()[:n])
+
+
+@pytest.fixture(scope="module")
+def keys():
+    return jax.random.split(jax.random.key(0), NUM_DEVICES)
+
+
+@pytest.fixture(scope="module")
+def batches():
+    rng = np.random.default_rng(1)
+    return [(rng.random((BATCH, 28, 28, 1), dtype=np.float32),
+             rng.integers(0, 10, BATCH).astype(np.int32)) for _ in range(K)]
+
+
+@pytest.fixture(scope="module")
+def pmap_run(keys, batches):
+    """The Flax recipe: initial state, then K steps of apply_ensemble + update_model."""
+    initial = state = d2l.create_ensemble_state(keys, LR, MOMENTUM)
+    metrics = []
+    for X, y in batches:
+        grads, loss, accuracy = d2l.apply_ensemble(state, *jax_utils.replicate((X, y)))
+        state = d2l.update_model(state, grads)
+        metrics.append((np.asarray(loss), np.asarray(accuracy)))
+    return initial, state, metrics
+
+
+@pytest.fixture(scope="module")
+def stacked_initial(keys):
+    """The twin's initial state: the same keys, vmapped, sharded P('model') over 8 devices."""
+    return d2l.create_stacked_ensemble(keys, LR, MOMENTUM, model_mesh())
+
+
+def member_probs(state, X):
+    """Every member's softmax probabilities, shape (members, images, classes), via NumPy."""
+    host = jax.device_get(state)
+    forward = jax.jit(lambda params, X: d2l.CNN().apply({"params": params}, X))
+    logits = np.stack([np.asarray(forward(jax.tree.map(lambda a: a[m], host.params), X))
+                       for m in range(len(host.step))]).astype(np.float64)
+    e = np.exp(logits - logits.max(-1, keepdims=True))
+    return e / e.sum(-1, keepdims=True)
+
+
+def test_members_differ_after_init(pmap_run):
+    initial, _, _ = pmap_run
+    for path, p in jax.tree_util.tree_leaves_with_path(initial.params):
+        p = np.asarray(p)
+        assert p.shape[0] == NUM_DEVICES
+        if "kernel" in jax.tree_util.keystr(path):  # biases start at zero in every member
+            for i in range(NUM_DEVICES):
+                for j in range(i):
+                    assert np.abs(p[i] - p[j]).max() > 1e-3, (path, i, j)
+    assert (np.asarray(initial.step) == 0).all()
+
+
+def test_stacked_init_equals_pmap_init_and_is_sharded(stacked_initial, pmap_run):
+    stacked = stacked_initial
+    assert_trees_close(stacked, pmap_run[0], dict(rtol=0, atol=0))
+    kernel = stacked.params["Dense_0"]["kernel"]
+    assert kernel.sharding.spec == P("model")
+    assert kernel.addressable_shards[0].data.shape == (1, *kernel.shape[1:])
+
+
+@pytest.mark.parametrize("twin", ["jit(vmap)", "shard_map(vmap)"])
+def test_stacked_twin_equals_pmap_after_k_steps(twin, stacked_initial, batches, pmap_run):
+    mesh = model_mesh()
+    step = d2l.stacked_train_step if twin == "jit(vmap)" else d2l.map_members(d2l.member_step,
+                                                                               mesh)
+    state = stacked_initial
+    _, pmapped, pmap_metrics = pmap_run
+    for (X, y), (loss_p, acc_p) in zip(batches, pmap_metrics):
+        state, loss, accuracy = step(state, *d2l.shard((X, y), mesh))
+        np.testing.assert_allclose(np.asarray(loss), loss_p, **TOL)
+        np.testing.assert_allclose(np.asarray(accuracy), acc_p, **TOL)
+    assert int(state.step[0]) == K
+    assert_trees_close(state, pmapped)
+    # the members moved: the test compares trained states, not two copies of the initial one
+    assert np.abs(np.asarray(state.params["Dense_1"]["kernel"])
+                  - np.asarray(pmap_run[0].params["Dense_1"]["kernel"])).max() > 1e-3
+
+
+def test_two_members_per_device_train_like_one(keys, batches, pmap_run):
+    """16 members on 8 devices: each member's trajectory is its own, so the 8 members created
+    from the pmap run's keys end where the pmap run's members ended."""
+    mesh = model_mesh()
+    keys16 = jax.numpy.concatenate([keys, jax.random.split(jax.random.key(1), NUM_DEVICES)])
+    state = d2l.create_stacked_ensemble(keys16, LR, MOMENTUM, mesh)
+    assert state.params["Conv_0"]["kernel"].addressable_shards[0].data.shape[0] == 2
+    step = d2l.map_members(d2l.member_step, mesh)
+    for X, y in batches:
+        state, loss, accuracy = step(state, *d2l.shard((X, y), mesh))
+    assert_trees_close(jax.tree.map(lambda a: np.asarray(a)[:NUM_DEVICES], state), pmap_run[1])
+    assert loss.shape == accuracy.shape == (2 * NUM_DEVICES,)
+
+
+def numpy_accuracies(probs, labels):
+    return ((probs.argmax(-1) == labels).mean(1), (probs.mean(0).argmax(-1) == labels).mean())
+
+
+def test_apply_ensemble_accuracy_is_that_of_averaged_probabilities(pmap_run):
+    _, state, _ = pmap_run
+    X = np.random.default_rng(2).random((32, 28, 28, 1), dtype=np.float32)
+    probs = member_probs(state, X)
+    ensemble_pred = probs.mean(0).argmax(-1)
+    # labels the ensemble gets right on exactly 24 of 32 images
+    labels = np.where(np.arange(32) < 24, ensemble_pred, (ensemble_pred + 1) % 10)
+    labels = labels.astype(np.int32)
+    members, ensemble = numpy_accuracies(probs, labels)
+    assert ensemble == 0.75
+    assert not np.all(members == 0.75)  # the members predict otherwise: the test can tell
+    _, _, accuracy = d2l.apply_ensemble(state, *jax_utils.replicate((X, labels)))
+    np.testing.assert_allclose(np.asarray(accuracy), np.full(NUM_DEVICES, ensemble))
+    # evaluate_ensemble, over two batches, on both paths
+    batches = [(X[:16], labels[:16]), (X[16:], labels[16:])]
+    for mesh, tree in [(None, state), (model_mesh(), None)]:
+        if mesh is not None:
+            tree = d2l.shard(state, mesh, P("model"))
+        member_acc, ensemble_acc = d2l.evaluate_ensemble(tree, batches, mesh)
+        np.testing.assert_allclose(member_acc, members)
+        assert ensemble_acc == pytest.approx(ensemble)
+
+
+# ----- bad input: the error names the value and the fix -----
+
+def test_pmap_needs_one_key_per_device():
+    for n in (4, 16):
+        with pytest.raises(ValueError) as e:
+            d2l.create_ensemble_state(jax.random.split(jax.random.key(0), n), LR, MOMENTUM)
+        message = str(e.value)
+        assert f"got {n} keys for {NUM_DEVICES} devices" in message
+        assert f"jax.random.split(rng, {NUM_DEVICES})" in message
+        assert "create_stacked_ensemble" in message
+
+
+def test_stacked_size_must_divide_over_the_model_axis():
+    with pytest.raises(ValueError) as e:
+        d2l.create_stacked_ensemble(jax.random.split(jax.random.key(0), 12), LR, MOMENTUM,
+                                    model_mesh())
+    message = str(e.value)
+    assert "ensemble of 12 models" in message and "8 devices" in message
+    assert "e.g. 8 or 16" in message
+    assert "'model' axis of 4 devices" in message and "(4, 2) mesh" in message
+
+
+@pytest.mark.parametrize("members,devices,fix", [
+    (3, 8, "e.g. 8, or a 'model' axis of 1 device (a divisor of 3)"),
+    (6, 4, "e.g. 4 or 8, or a 'model' axis of 2 devices"),
+])
+def test_check_ensemble_size_suggestions(members, devices, fix):
+    with pytest.raises(ValueError, match=f"ensemble of {members} models"):
+        d2l.check_ensemble_size(members, devices)
+    with pytest.raises(ValueError) as e:
+        d2l.check_ensemble_size(members, devices)
+    assert fix in str(e.value)
+    d2l.check_ensemble_size(2 * devices, devices)  # several per device: fine
+    d2l.check_ensemble_size(devices, devices, one_per_device=True)
+
+
+@pytest.mark.parametrize("bad", [0, -8, 2.0, True])
+def test_ensemble_size_must_be_a_positive_integer(bad):
+    with pytest.raises(ValueError, match="positive number of models"):
+        d2l.check_ensemble_size(bad, NUM_DEVICES)
+
+
+def test_stacked_ensemble_needs_a_model_axis():
+    with pytest.raises(ValueError) as e:
+        d2l.create_stacked_ensemble(jax.random.split(jax.random.key(0), 8), LR, MOMENTUM,
+                                    d2l.data_mesh())
+    assert "'model'" in str(e.value) and "('data',)" in str(e.value)

@@ -1,0 +1,338 @@
+"""Sharding beyond data parallelism: DP, FSDP, TP and their mixes compute the same step; the
+sharded layouts hold the expected bytes per device and compile to the expected collectives;
+the memory calculator counts what the models really have; bad input is refused clearly."""
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import pytest
+from flax import nnx
+
+import d2l_multi as d2l
+
+LR = 0.5  # plain SGD: equal updated parameters <=> equal gradients
+D_MODEL, NUM_HEADS, D_FF, SEQ_LEN, BATCH = 32, 8, 64, 16, 16
+SHARDED = ("fsdp", "tp", "dp+tp", "fsdp+tp")
+
+
+@pytest.fixture(scope="module")
+def corpus():
+    return d2l.CharCorpus(batch_size=BATCH, seq_len=SEQ_LEN)
+
+
+@pytest.fixture(scope="module")
+def model_fn(corpus):
+    return lambda: d2l.TransformerLM(corpus.vocab_size, SEQ_LEN, D_MODEL, NUM_HEADS,
+                                     num_layers=1, d_ff=D_FF, rngs=nnx.Rngs(0))
+
+
+@pytest.fixture(scope="module")
+def base_model(model_fn):
+    shape, rules = d2l.sharding_rules("fsdp+tp")
+    return d2l.create_sharded(model_fn, d2l.device_mesh(shape), rules)
+
+
+@pytest.fixture(scope="module")
+def steps(base_model, corpus):
+    """One SGD step per strategy, from the same parameters on the same batch."""
+    X, Y = corpus.batch(0)
+    out = {}
+    for name in d2l.STRATEGIES:
+        shape, rules = d2l.sharding_rules(name)
+        mesh = d2l.device_mesh(shape)
+        model = d2l.reshard(base_model, mesh, rules)
+        Xs, Ys = d2l.shard_tokens(X, Y, mesh, rules)
+        with d2l.use_sharding(mesh, rules):
+            optimizer = nnx.Optimizer(model, optax.sgd(LR), wrt=nnx.Param)
+            compiled = d2l.lm_train_step.lower(model, optimizer, Xs, Ys).compile()
+            loss = compiled(model, optimizer, Xs, Ys)
+        params = nnx.state(model, nnx.Param)
+        out[name] = dict(mesh=mesh, loss=float(loss), params=params,
+                         host=jax.tree.map(np.asarray, params),
+                         collectives=d2l.count_collectives(compiled.as_text()))
+    return out
+
+
+# --- every layout computes the same step ----------------------------------------------------
+
+@pytest.mark.parametrize("name", SHARDED)
+def test_every_layout_gives_the_loss_and_updated_params_of_data_parallelism(steps, name):
+    ref, got = steps["dp"], steps[name]
+    np.testing.assert_allclose(got["loss"], ref["loss"], rtol=1e-6)
+    ref_leaves, got_leaves = jax.tree.leaves(ref["host"]), jax.tree.leaves(got["host"])
+    assert len(ref_leaves) == len(got_leaves) == 15  # 2 embeddings, 10 in the block, 3 after
+    for a, b in zip(ref_leaves, got_leaves):
+        np.testing.assert_allclose(b, a, rtol=1e-5, atol=1e-6)
+
+
+def test_the_step_really_changed_the_parameters(steps, base_model):
+    before = jax.tree.leaves(jax.tree.map(np.asarray, nnx.state(base_model, nnx.Param)))
+    after = jax.tree.leaves(steps["dp"]["host"])
+    assert max(float(np.abs(a - b).max()) for a, b in zip(before, after)) > 1e-3
+
+
+def test_the_updated_params_keep_the_layout_of_their_strategy(steps):
+    for name, r in steps.items():
+        kernel = r["params"]["blocks"][0]["mlp"]["up"]["kernel"][...]
+        _, rules = d2l.sharding_rules(name)
+        assert kernel.sharding.spec == jax.sharding.PartitionSpec(rules["embed"], rules["mlp"])
+        norm = r["params"]["blocks"][0]["norm1"]["scale"][...]
+        assert norm.sharding.is_fully_replicated  # under FSDP XLA would shard it if let
+
+
+# --- bytes per device ------------------------------------------------------------------------
+
+def _bytes(params, select):
+    return sum(x.nbytes for path, x in jax.tree_util.tree_leaves_with_path(params)
+               if select(jax.tree_util.keystr(path)))
+
+
+def test_per_device_parameter_bytes_are_the_total_over_the_shards(steps):
+    n = len(jax.devices())
+    params = steps["dp"]["params"]
+    total = _bytes(params, lambda p: True)
+    norms = _bytes(params, lambda p: "norm" in p)         # LayerNorm: replicated everywhere
+    position = _bytes(params, lambda p: "position" in p)  # (seq, embed): only 'embed' splits
+    expected = {
+        "dp": total,
+        "fsdp": (total - norms) / n + norms,
+        "tp": (total - norms - position) / n + norms + position,
+        "dp+tp": (total - norms - position) / (n // 2) + norms + position,
+        "fsdp+tp": (total - norms - position) / n + position / 2 + norms,
+    }
+    for name, r in steps.items():
+        held = d2l.bytes_per_device(r["params"])
+        assert len(held) == n, name
+        assert set(held.values()) == {expected[name]}, name
+    assert norms < total / 50  # the replicated part is small: the sharded layouts save memory
+    for name in SHARDED:
+        assert expected[name] < total / 2
+
+
+def test_bytes_per_device_counts_replicated_and_split_arrays():
+    mesh = d2l.device_mesh((2, -1))
+    n = len(jax.devices())
+    x = jax.device_put(np.zeros((8, 16), np.float32),
+                       jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec("data")))
+    r = jax.device_put(np.zeros(10, np.float32), jax.sharding.NamedSharding(
+        mesh, jax.sharding.PartitionSpec()))
+    held = d2l.bytes_per_device({"x": x, "r": r})
+    assert set(held.values()) == {8 * 16 * 4 // 2 + 40} and len(held) == n
+
+
+# --- the collectives the compiler inserted ---------------------------------------------------
+
+def test_dp_needs_one_all_reduce_and_no_gathers(steps):
+    c = steps["dp"]["collectives"]
+    assert c["all-reduce"] >= 1 and c["all-gather"] == 0 and c["reduce-scatter"] == 0
+
+
+def test_tp_all_reduces_partial_results(steps):
+    c = steps["tp"]["collectives"]
+    assert c["all-reduce"] >= 2  # at least one per row-split product, forward and backward
+
+
+def test_fsdp_gathers_the_sharded_weights(steps):
+    c = steps["fsdp"]["collectives"]
+    assert c["all-gather"] + c["reduce-scatter"] >= 1
+    assert steps["fsdp+tp"]["collectives"]["all-gather"] >= 1
+
+
+def test_count_collectives_reads_hlo_text():
+    hlo = """
+  %all-reduce.1 = f32[10]{0} all-reduce(f32[10]{0} %p), channel_id=1, to_apply=%add
+  %ar = (f32[2]{0}, f32[]) all-reduce(f32[2]{0} %a, f32[] %b), to_apply=%add
+  %all-gather-start = (f32[4]{0}, f32[16]{0}) all-gather-start(f32[4]{0} %w), dimensions={0}
+  %all-gather-done = f32[16]{0} all-gather-done((f32[4]{0}, f32[16]{0}) %all-gather-start)
+  %rs = f32[2]{0} reduce-scatter(f32[16]{0} %g), dimensions={0}, to_apply=%add
+  %add.3 = f32[] add(f32[] %x, f32[] %y)
+"""
+    assert d2l.count_collectives(hlo) == {"all-reduce": 2, "all-gather": 1, "reduce-scatter": 1,
+                                          "all-to-all": 0, "collective-permute": 0}
+
+
+# --- created sharded; restore target ---------------------------------------------------------
+
+def test_created_model_is_sharded_and_no_device_holds_all_of_it(base_model):
+    params = nnx.state(base_model, nnx.Param)
+    total = sum(x.nbytes for x in jax.tree.leaves(params))
+    assert max(d2l.bytes_per_device(params).values()) < total / 4
+    up = base_model.blocks[0].mlp.up.kernel[...]
+    assert up.sharding.spec == jax.sharding.PartitionSpec("data", "model")
+    assert {s.data.shape for s in up.addressable_shards} == {(D_MODEL // 2, D_FF // 4)}
+
+
+def test_abstract_state_matches_the_created_model_without_arrays(model_fn, base_model):
+    shape, rules = d2l.sharding_rules("fsdp+tp")
+    target = d2l.abstract_state(model_fn, d2l.device_mesh(shape), rules)
+    created = nnx.state(base_model)
+    t_leaves, c_leaves = jax.tree.leaves(target), jax.tree.leaves(created)
+    assert len(t_leaves) == len(c_leaves)
+    for t, c in zip(t_leaves, c_leaves):
+        assert isinstance(t, jax.ShapeDtypeStruct)
+        assert (t.shape, t.dtype) == (c.shape, c.dtype)
+        assert t.sharding.is_equivalent_to(c.sharding, len(c.shape))
+
+
+def test_reshard_moves_the_values_to_another_layout(base_model):
+    shape, rules = d2l.sharding_rules("dp")
+    moved = d2l.reshard(base_model, d2l.device_mesh(shape), rules)
+    a, b = nnx.state(base_model, nnx.Param), nnx.state(moved, nnx.Param)
+    for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b)):
+        np.testing.assert_array_equal(np.asarray(x), np.asarray(y))
+    assert b["blocks"][0]["mlp"]["up"]["kernel"][...].sharding.is_fully_replicated
+
+
+def test_training_the_mix_with_adam_lowers_the_loss(base_model, corpus):
+    shape, rules = d2l.sharding_rules("fsdp+tp")
+    mesh = d2l.device_mesh(shape)
+    model = d2l.reshard(base_model, mesh, rules)
+    with d2l.use_sharding(mesh, rules):
+        optimizer = nnx.Optimizer(model, optax.adam(1e-2), wrt=nnx.Param)
+        losses = [float(d2l.lm_train_step(model, optimizer,
+                                          *d2l.shard_tokens(*corpus.batch(i), mesh, rules)))
+                  for i in range(25)]
+    assert losses[0] > np.log(len(corpus.vocab)) - 0.5  # starts near a uniform guess
+    assert np.mean(losses[-5:]) < losses[0] - 1.0
+    params = d2l.bytes_per_device(nnx.state(model, nnx.Param))
+    adam = d2l.bytes_per_device(nnx.state(optimizer))
+    assert set(adam.values()) == {2 * max(params.values()) + 4 * 2}  # mu, nu; 2 step counters
+
+
+# --- the task --------------------------------------------------------------------------------
+
+def test_char_corpus_batches_are_shifted_windows_of_the_text(corpus):
+    X, Y = corpus.batch(3)
+    assert X.shape == Y.shape == (BATCH, SEQ_LEN) and X.dtype == np.int32
+    np.testing.assert_array_equal(X[:, 1:], Y[:, :-1])
+    assert corpus.decode(X[0]) in d2l.TINY_TEXT
+    np.testing.assert_array_equal(corpus.batch(3)[0], X)      # the same batch every time
+    assert not np.array_equal(corpus.batch(4)[0], X)
+    assert corpus.vocab_size % 8 == 0 and corpus.vocab_size >= len(corpus.vocab)
+    assert corpus.decode(corpus.encode("Alice")) == "Alice"
+
+
+# --- the memory calculator -------------------------------------------------------------------
+
+def test_count_params_of_lenet():
+    params = jax.eval_shape(d2l.init_lenet_params, jax.random.key(0))  # shapes only
+    assert d2l.count_params(params) == (3 * 3 * 1 * 20 + 20 + 5 * 5 * 20 * 50 + 50
+                                        + 800 * 128 + 128 + 128 * 10 + 10)
+
+
+@pytest.mark.parametrize("layers,d_model,vocab,seq_len,d_ff", [(2, 64, 48, 32, None),
+                                                               (3, 40, 100, 7, 72)])
+def test_transformer_param_count_matches_the_model(layers, d_model, vocab, seq_len, d_ff):
+    with nnx.use_eager_sharding(False):
+        model = nnx.eval_shape(lambda: d2l.TransformerLM(vocab, seq_len, d_model, 4, layers,
+                                                         d_ff, rngs=nnx.Rngs(0)))
+    assert (d2l.count_params(nnx.state(model, nnx.Param))
+            == d2l.transformer_param_count(layers, d_model, vocab, seq_len, d_ff))
+
+
+def test_saved_activation_bytes_counts_residuals_not_arguments():
+    W, V, x = jnp.ones((3, 5)), jnp.ones((5, 2)), jnp.ones((4, 3))
+    assert d2l.saved_activation_bytes(lambda W, x: jnp.sum(x @ W), W, x) == 0
+    # sin keeps cos(x @ W) for its derivative: one 4 x 5 array
+    assert d2l.saved_activation_bytes(lambda W, x: jnp.sum(jnp.sin(x @ W)), W, x) == 4 * 5 * 4
+    # ... and sin(x @ W) too, the input of the second product
+    two = lambda W, V, x: jnp.sum(jnp.sin(x @ W) @ V)
+    assert d2l.saved_activation_bytes(two, W, V, x) == 2 * 4 * 5 * 4
+    abstract = [jax.ShapeDtypeStruct(a.shape, jnp.bfloat16) for a in (W, V, x)]
+    assert d2l.saved_activation_bytes(two, *abstract) == 2 * 4 * 5 * 2
+
+
+def test_transformer_activation_formula_is_a_lower_bound_of_the_trace():
+    for args in [(2, 64, 8, 32, 16, 48), (1, 32, 4, 64, 4, 16)]:
+        traced = d2l.transformer_memory(*args)["activations"]
+        formula = d2l.transformer_activation_bytes(*args)
+        assert formula <= traced <= 3 * formula, args
+
+
+def test_training_memory_adds_the_four_parts():
+    m = d2l.training_memory(1000, activation_bytes=500)
+    assert m == {"parameters": 4000, "gradients": 4000, "optimizer state": 8000,
+                 "activations": 500, "total": 16500}
+    assert d2l.training_memory(1000, 0, optimizer="sgd")["total"] == 8000
+    assert d2l.training_memory(1000, 0, jnp.bfloat16, "momentum")["total"] == 6000
+    sharded = d2l.training_memory(1000, 800, param_shards=8, batch_shards=4)
+    assert sharded["total"] == 16000 / 8 + 800 / 4
+    with pytest.raises(ValueError, match=r"unknown optimizer 'lion'.*'adam'"):
+        d2l.training_memory(1000, optimizer="lion")
+
+
+def test_transformer_memory_extrapolates_to_the_traced_model():
+    L, d, h, T, B, V = 3, 32, 4, 16, 4, 16
+    with nnx.use_eager_sharding(False):
+        graphdef, state = nnx.split(nnx.eval_shape(
+            lambda: d2l.TransformerLM(V, T, d, h, L, rngs=nnx.Rngs(0))))
+    tokens = jax.ShapeDtypeStruct((B, T), jnp.int32)
+    loss = lambda s, X, Y: d2l.lm_loss(nnx.merge(graphdef, s), X, Y)
+    memory = d2l.transformer_memory(L, d, h, T, B, V)
+    assert memory["activations"] == d2l.saved_activation_bytes(loss, state, tokens, tokens)
+    assert memory["parameters"] == 4 * d2l.count_params(state)
+
+
+def test_transformer_memory_uses_the_model_and_the_dtype():
+    m32 = d2l.transformer_memory(2, 64, 8, 32, 16, 48)
+    m16 = d2l.transformer_memory(2, 64, 8, 32, 16, 48, jnp.bfloat16)
+    assert m32["parameters"] == 4 * d2l.transformer_param_count(2, 64, 48, 32)
+    assert m16["parameters"] * 2 == m32["parameters"]
+    assert m16["activations"] * 2 == pytest.approx(m32["activations"])
+    m_big_batch = d2l.transformer_memory(2, 64, 8, 32, 32, 48)
+    assert m_big_batch["activations"] == pytest.approx(2 * m32["activations"], rel=0.01)
+
+
+# --- bad input ------------------------------------------------------------------------------
+
+def test_mesh_whose_sizes_do_not_multiply_to_the_device_count():
+    n = len(jax.devices())
+    with pytest.raises(ValueError) as e:
+        d2l.device_mesh((3, 2))
+    message = str(e.value)
+    assert f"(3, 2) needs 6 devices but there are {n}" in message
+    assert f"(2, {n // 2})" in message and "-1" in message
+    with pytest.raises(ValueError, match="needs"):
+        d2l.device_mesh((3, -1))
+    with pytest.raises(ValueError, match="one size per name"):
+        d2l.device_mesh((2, 2, 2))
+    assert d2l.device_mesh((2, -1)).shape == {"data": 2, "model": n // 2}
+
+
+def test_rule_naming_a_mesh_axis_that_does_not_exist(model_fn):
+    shape, rules = d2l.sharding_rules("tp")
+    mesh = d2l.device_mesh(shape)
+    with pytest.raises(ValueError) as e:
+        d2l.create_sharded(model_fn, mesh, {**rules, "mlp": "tensor"})
+    message = str(e.value)
+    assert "'mlp': 'tensor'" in message and "('data', 'model')" in message
+    assert "None to replicate" in message
+    with pytest.raises(ValueError, match="'tensor'"):
+        d2l.use_sharding(mesh, {**rules, "heads": ("model", "tensor")}).__enter__()
+
+
+def test_logical_axis_without_a_rule(model_fn):
+    shape, rules = d2l.sharding_rules("tp")
+    del rules["mlp"]
+    with pytest.raises(ValueError, match=r"\['mlp'\].*logical axis 'mlp'.*add 'mlp': None"):
+        d2l.abstract_state(model_fn, d2l.device_mesh(shape), rules)
+
+
+def test_dimension_not_divisible_by_its_mesh_axis(corpus):
+    shape, rules = d2l.sharding_rules("fsdp")
+    bad = lambda: d2l.TransformerLM(corpus.vocab_size, SEQ_LEN, 60, 6, 1, rngs=nnx.Rngs(0))
+    n = len(jax.devices())
+    with pytest.raises(ValueError, match=rf"parameter \[.*size 60.*multiple of {n}, e\.g\. "
+                                         rf"{60 - 60 % n} or {60 - 60 % n + n}"):
+        d2l.create_sharded(bad, d2l.device_mesh(shape), rules)
+
+
+def test_batch_not_divisible_and_unknown_strategy(corpus):
+    shape, rules = d2l.sharding_rules("dp")
+    X, Y = corpus.batch(0)
+    with pytest.raises(ValueError, match=r"size 12.*multiple of 8"):
+        d2l.shard_tokens(X[:12], Y[:12], d2l.device_mesh(shape), rules)
+    with pytest.raises(ValueError, match=r"unknown strategy 'zero3'.*'fsdp'"):
+        d2l.sharding_rules("zero3")
+    with pytest.raises(ValueError, match="too few"):
+        d2l.CharCorpus(seq_len=5000)
