@@ -1,6 +1,5 @@
 """Checkpoints of a sharded train state with Orbax: save while training, restore onto the same or
 a different mesh (resharding on load), resume exactly where the run stopped, data included."""
-import math
 import pathlib
 
 import grain
@@ -8,34 +7,17 @@ import jax
 import jax.numpy as jnp
 import optax
 import orbax.checkpoint as ocp
-from jax.sharding import AxisType, NamedSharding, PartitionSpec as P
+from jax.sharding import NamedSharding, PartitionSpec as P
 
 import d2l_multi as d2l
 
-__all__ = ["CheckpointError", "abstract_like", "check_fits", "checkpoint_manager", "grid_mesh",
+__all__ = ["CheckpointError", "abstract_like", "check_fits", "checkpoint_manager",
            "lenet_specs", "restore_checkpoint", "save_checkpoint", "sharded_train_state",
            "state_specs", "train_steps"]
 
 
 class CheckpointError(RuntimeError):
     """A checkpoint exists but cannot be read: it is damaged or was not written by Orbax."""
-
-
-def grid_mesh(shape, axis_names=("data", "model"), devices=None):
-    """A mesh of ``shape`` over all devices (or ``devices``), axis type Auto, sizes checked."""
-    devices = d2l.devices() if devices is None else list(devices)
-    shape, n = tuple(shape), len(devices)
-    if len(shape) != len(axis_names) or any(
-            isinstance(s, bool) or not isinstance(s, int) or s < 1 for s in shape):
-        raise ValueError(f"mesh shape {shape} must be {len(axis_names)} positive integers, "
-                         f"one per axis {tuple(axis_names)}")
-    if math.prod(shape) != n:
-        fits = [(a, n // a) for a in range(n, 0, -1) if n % a == 0]
-        hint = ", ".join(map(str, fits)) if len(shape) == 2 else str((n,) + (1,) * (len(shape) - 1))
-        raise ValueError(f"mesh shape {shape} holds {math.prod(shape)} devices, but there are "
-                         f"{n}; choose axis sizes whose product is {n}, e.g. {hint}")
-    return jax.make_mesh(shape, tuple(axis_names), axis_types=(AxisType.Auto,) * len(shape),
-                         devices=devices)
 
 
 def lenet_specs(axis="model"):

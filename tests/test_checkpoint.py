@@ -40,7 +40,7 @@ def run(tmp_path_factory):
     X = rng.random((4 * BATCH, 28, 28, 1), dtype=np.float32)  # 4 batches per epoch
     y = rng.integers(0, 10, 4 * BATCH).astype(np.int32)
     source = d2l.ArraySource(X, y)
-    mesh = d2l.grid_mesh((4, 2))
+    mesh = d2l.device_mesh((4, 2))
     optimizer = optax.adam(1e-3)
     params = d2l.init_lenet_params(jax.random.key(0))
     specs = d2l.lenet_specs()
@@ -62,19 +62,6 @@ def run(tmp_path_factory):
                 all_specs=all_specs, shapes=shapes, step=step, loader=loader, dir=directory,
                 state_0=state_0, state_8=state_8, state_12=state_12, reference=ref_a + ref_b,
                 before_crash=before_crash, steps_on_disk=manager.all_steps())
-
-
-def test_grid_mesh_is_auto_and_checks_the_device_count():
-    mesh = d2l.grid_mesh((2, 4))
-    assert dict(mesh.shape) == {"data": 2, "model": 4}
-    assert mesh.axis_types == (jax.sharding.AxisType.Auto,) * 2
-    with pytest.raises(ValueError) as e:
-        d2l.grid_mesh((3, 2))
-    message = str(e.value)
-    assert "(3, 2)" in message and "6 devices" in message and "there are 8" in message
-    assert "(4, 2), (2, 4)" in message  # shapes that fit
-    with pytest.raises(ValueError, match=r"must be 2 positive integers"):
-        d2l.grid_mesh((8,))
 
 
 def test_state_specs_shard_moments_like_their_parameters(run):
@@ -106,7 +93,7 @@ def test_restore_on_the_same_mesh_gives_the_saved_arrays_and_layouts(run):
 @pytest.mark.parametrize("shape", [(2, 4), (8, 1), (1, 1)])
 def test_restore_onto_another_mesh_reshards(run, shape):
     devices = d2l.devices(shape[0] * shape[1])
-    mesh = d2l.grid_mesh(shape, devices=devices)
+    mesh = d2l.device_mesh(shape, devices=devices)
     restored = d2l.restore_checkpoint(run["dir"], d2l.abstract_like(run["shapes"], mesh,
                                                                      run["all_specs"]))
     assert leaves_equal(restored, run["state_8"])
@@ -129,7 +116,7 @@ def test_resumed_training_equals_uninterrupted_training(run):
 
 
 def test_resumed_training_on_another_mesh_agrees_up_to_rounding(run):
-    mesh = d2l.grid_mesh((2, 4))
+    mesh = d2l.device_mesh((2, 4))
     iterator = run["loader"]()
     restored = d2l.restore_checkpoint(
         run["dir"], d2l.abstract_like(run["shapes"], mesh, run["all_specs"]), data_iter=iterator)
@@ -154,7 +141,7 @@ class PowerCut:
 
 
 def test_failed_save_leaves_the_previous_checkpoint_usable(tmp_path):
-    mesh = d2l.grid_mesh((4, 2))
+    mesh = d2l.device_mesh((4, 2))
     state = {"w": d2l.shard(np.arange(64.0).reshape(8, 8), mesh, P(None, "model"))}
     manager = d2l.checkpoint_manager(tmp_path)
     d2l.save_checkpoint(manager, 1, state)

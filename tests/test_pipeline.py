@@ -82,7 +82,7 @@ def test_iterator_saved_with_the_checkpoint_resumes_exactly(source, tmp_path, ap
             return iter(d2l.grain_loader(source, BATCH, seed=0))
         return iter(grain.MapDataset.source(source).shuffle(seed=0).repeat()
                     .to_iter_dataset().batch(BATCH, drop_remainder=True))
-    mesh = d2l.grid_mesh((4, 2))
+    mesh = d2l.device_mesh((4, 2))
     state = {"w": d2l.shard(np.arange(16.0), mesh, P("model"))}
     it = fresh()
     for _ in range(4):
