@@ -151,6 +151,34 @@ def test_flax_pmap_equals_flax_jit(batches, mesh):
     assert_trees_close(pmapped.opt_state, sharded.opt_state)  # momentum buffers too
 
 
+@pytest.fixture(scope="module")
+def flax_single_device(batches):
+    """The Flax CNN trained K steps on one device, unsharded batches."""
+    state = jax.device_put(flax_state(d2l.CNN()), jax.devices()[0])
+    for X, y in batches:
+        state, _, _ = d2l.jit_train_step(state, X, y)
+    return state
+
+
+def test_flax_pmap_equals_flax_single_device(batches, flax_single_device):
+    pmapped = jax_utils.replicate(flax_state(d2l.CNN()))
+    for X, y in batches:
+        grads, _, _ = d2l.apply_model(pmapped, *d2l.split_batch(X, y, NUM_DEVICES))
+        pmapped = d2l.update_model(pmapped, grads)
+    pmapped = jax_utils.unreplicate(pmapped)
+    assert_trees_close(pmapped.params, flax_single_device.params)
+    assert_trees_close(pmapped.opt_state, flax_single_device.opt_state)
+
+
+def test_flax_jit_sharding_equals_flax_single_device(batches, mesh, flax_single_device):
+    sharded = d2l.shard(flax_state(d2l.CNN()), mesh)
+    for X, y in batches:
+        sharded, _, _ = d2l.jit_train_step(sharded, *d2l.shard_batch(X, y, mesh))
+    assert len(sharded.params["Dense_0"]["kernel"].sharding.device_set) == NUM_DEVICES
+    assert_trees_close(sharded.params, flax_single_device.params)
+    assert_trees_close(sharded.opt_state, flax_single_device.opt_state)
+
+
 def test_flax_batchnorm_global_statistics(batches, mesh):
     """BatchNorm under jit + shardings == pmap with axis_name: global batch statistics."""
     state = flax_state(d2l.CNNBatchNorm())
