@@ -10,27 +10,20 @@ import jax
 import numpy as np
 import pytest
 from flax import jax_utils
-from jax.sharding import AxisType, PartitionSpec as P
+from jax.sharding import PartitionSpec as P
 
 import d2l_multi as d2l
+from trees import SGD_TOL, assert_trees_close
 
 K = 3                 # SGD steps, k >= 3
 NUM_DEVICES = 8       # conftest simulates 8 CPU devices
 BATCH = 8             # every member sees the whole batch
 LR, MOMENTUM = 0.1, 0.9
-TOL = dict(rtol=1e-5, atol=1e-6)
-
-
-def assert_trees_close(a, b, tol=TOL):
-    leaves_a, leaves_b = jax.tree.leaves(a), jax.tree.leaves(b)
-    assert len(leaves_a) == len(leaves_b)
-    for u, v in zip(leaves_a, leaves_b):
-        np.testing.assert_allclose(np.asarray(u), np.asarray(v), **tol)
+TOL = SGD_TOL
 
 
 def model_mesh(n=NUM_DEVICES):
-    return jax.make_mesh((n,), ("model",), axis_types=(AxisType.Auto,),
-                         devices=jax.devices()[:n])
+    return d2l.device_mesh((n,), ("model",), devices=jax.devices()[:n])
 
 
 @pytest.fixture(scope="module")

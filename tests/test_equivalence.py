@@ -18,19 +18,12 @@ from jax.sharding import PartitionSpec as P
 
 import jax
 import d2l_multi as d2l
+from trees import assert_trees_close
 
 K = 3                       # SGD steps, k >= 3
 NUM_DEVICES = 8             # conftest simulates 8 CPU devices
 BATCH = 4 * NUM_DEVICES     # global batch
 LR = 0.1
-SGD_TOL = dict(rtol=1e-5, atol=1e-6)
-
-
-def assert_trees_close(a, b, tol=SGD_TOL):
-    leaves_a, leaves_b = jax.tree.leaves(a), jax.tree.leaves(b)
-    assert len(leaves_a) == len(leaves_b)
-    for u, v in zip(leaves_a, leaves_b):
-        np.testing.assert_allclose(np.asarray(u), np.asarray(v), **tol)
 
 
 def numpy_like(shapes, seed=0, scale=0.1):
