@@ -1,37 +1,76 @@
 """d2l_multi: the support package of the chapter "Training on multiple devices with JAX".
 
-Importing it never starts JAX's backend, so ``simulate_devices`` still works afterwards.
-Names follow d2l's, so ``import d2l_multi as d2l`` runs code written for ``d2l.jax``.
+Names follow d2l's, so ``import d2l_multi as d2l`` runs code written for ``d2l.jax``. Importing
+the package loads nothing else: each name is imported from its module on first use, so JAX's
+backend has not started (``simulate_devices`` still works) and Flax, Orbax, Grain and Keras
+load only when a name that needs them is used.
 """
+import importlib
+
 __version__ = "0.1.0"
 
-from .config import SMOKE_ENV, pick, smoke
-from .data import (DATA_ENV, DataError, FashionMNIST, MNIST, cache_dir, dataset_dir,
-                   load_data_fashion_mnist, load_dataset, read_idx_gz)
-from .devices import devices, describe, num_gpus, simulate_devices, try_all_gpus, try_gpu
-from .plot import Animator, set_axes, show_images, use_svg_display
-from .utils import Accumulator, Timer
-# 01-03: LeNet from scratch, allreduce, data parallelism by hand
-from .models import (avg_pool2d, best_conv, conv2d, conv2d_im2col, init_lenet_params, lenet,
-                     loss_fn)
-from .parallel import (allreduce, check_divisible, pmap_sgd_step, replicate, ring_allreduce,
-                       split_batch, train_batch, unreplicate)
-from .train import evaluate_accuracy, num_correct, train
-# 04-06: jit + shardings, shard_map, Flax, Keras 3
-from .concise import (check_spec, data_mesh, make_shard_map_step, make_train_step, shard,
-                      shard_batch, throttle)
-from .flax_models import (CNN, CNNBatchNorm, Residual, ResNet, ResNet18, TrainState,
-                          apply_model, bn_train_step, create_bn_train_state, create_train_state,
-                          cross_entropy_loss, evaluate_flax, jit_train_step, num_correct_flax,
-                          train_sharded, update_model)
-from .keras_models import (keras_assign_state, keras_convnet, keras_throttle, keras_train_state,
-                           make_keras_train_step)
-# 07-09: ensembles; sharding beyond data parallelism; checkpoints and input pipelines.
-# Each module lists its public names in __all__.
-from .ensemble import *  # noqa: F401,F403
-from .sharding import *  # noqa: F401,F403
-from .checkpoint import *  # noqa: F401,F403
-from .pipeline import *  # noqa: F401,F403
-# 10: multi-process training
-from .distributed import (check_device_counts, detect_cluster, global_batch,
-                          initialize_distributed, launcher_settings, process_batches)
+_MODULES = {  # module: the public names it holds, in the chapter's order
+    "smoke_switch": ["SMOKE_ENV", "pick", "shrink", "smoke"],
+    "hardware": ["choose_devices", "describe", "device_mesh", "devices", "num_gpus",
+                 "simulate_devices", "try_all_gpus", "try_gpu"],
+    "utils": ["Accumulator", "Timer", "check_positive", "max_difference", "time_call"],
+    "plot": ["Animator", "set_axes", "show_images", "use_svg_display"],
+    "data": ["DATA_ENV", "DataError", "FashionMNIST", "MNIST", "cache_dir", "dataset_dir",
+             "load_data_fashion_mnist", "load_dataset", "read_idx_gz"],
+    # LeNet from scratch, allreduce, data parallelism by hand
+    "models": ["avg_pool2d", "conv2d", "conv2d_im2col", "conv2d_xla", "init_lenet_params",
+               "lenet", "loss_fn"],
+    "collectives": ["allreduce", "replicate", "ring_allreduce", "unreplicate"],
+    "parallel": ["check_divisible", "evaluate_accuracy", "num_correct", "pmap_sgd_step",
+                 "split_batch", "train", "train_batch"],
+    # jit + shardings, shard_map, Flax, Keras 3
+    "concise": ["check_spec", "make_shard_map_step", "make_train_step", "shard",
+                "shard_batch"],
+    "flax_models": ["CNN", "CNNBatchNorm", "Residual", "ResNet", "ResNet18", "TrainState",
+                    "apply_model", "bn_train_step", "create_bn_train_state",
+                    "create_train_state", "cross_entropy_loss", "evaluate_flax",
+                    "jit_train_step", "num_correct_flax", "train_sharded", "update_model"],
+    "keras_models": ["keras_assign_state", "keras_convnet", "keras_train_state",
+                     "make_keras_train_step"],
+    # ensembles
+    "ensemble": ["apply_ensemble", "check_ensemble_size", "create_ensemble_state",
+                 "create_stacked_ensemble", "ensemble_num_correct", "evaluate_ensemble",
+                 "map_members", "member_num_correct", "member_step", "stacked_train_step"],
+    # sharding beyond data parallelism
+    "memory": ["OPTIMIZER_STATE_COPIES", "count_params", "saved_activation_bytes",
+               "training_memory", "transformer_activation_bytes", "transformer_memory",
+               "transformer_param_count"],
+    "text": ["TINY_TEXT", "CharCorpus"],
+    "transformer": ["CausalSelfAttention", "MLP", "TransformerBlock", "TransformerLM",
+                    "lm_loss", "lm_train_step", "logical_constraint", "logical_init",
+                    "logical_linear"],
+    "sharding": ["COLLECTIVES", "LOGICAL_AXES", "STRATEGIES", "abstract_state",
+                 "bytes_per_device", "check_layout", "check_rules", "count_collectives",
+                 "create_sharded", "reshard", "shard_tokens", "sharding_rules",
+                 "use_sharding"],
+    # checkpoints and input pipelines
+    "checkpoint": ["CheckpointError", "abstract_like", "check_fits", "checkpoint_manager",
+                   "lenet_specs", "restore_checkpoint", "save_checkpoint",
+                   "sharded_train_state", "state_specs", "train_steps"],
+    "input_pipeline": ["ArraySource", "grain_loader"],
+    # several processes
+    "distributed": ["check_device_counts", "detect_cluster", "global_batch",
+                    "initialize_distributed", "launcher_settings", "process_batches"],
+}
+_HOME = {name: module for module, names in _MODULES.items() for name in names}
+__all__ = sorted(_HOME)
+
+
+def __getattr__(name):
+    """Import ``name``'s module on first use and bind all of that module's public names."""
+    module = _HOME.get(name)
+    if module is None:
+        raise AttributeError(f"module 'd2l_multi' has no attribute {name!r}")
+    loaded = importlib.import_module(f".{module}", __name__)
+    for other in _MODULES[module]:
+        globals()[other] = getattr(loaded, other)
+    return globals()[name]
+
+
+def __dir__():
+    return sorted(set(globals()) | set(__all__))

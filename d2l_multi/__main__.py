@@ -1,26 +1,53 @@
 """Command line: ``python -m d2l_multi {train,benchmark,launch} ...``.
 
 ``train`` (the default) runs the chapter's headline experiment: LeNet on Fashion-MNIST, data
-parallel on 1 and on N devices, with a table and two PNG plots.
+parallel on 1 and on N devices, with a table and two PNG plots. Expected errors (bad
+arguments, missing data, a damaged checkpoint, a diverging run) print one message and exit
+non-zero; set ``D2L_MULTI_TRACEBACK=1`` to see the traceback as well.
 """
+import os
 import sys
+
+COMMANDS = {"train": ("cli", "train_main"), "benchmark": ("benchmark", "main"),
+            "launch": ("launch", "main")}
+TRACEBACK_ENV = "D2L_MULTI_TRACEBACK"
+
+
+def expected_errors():
+    """The exceptions that report a problem with the input or the environment, not a bug."""
+    from .data import DataError
+    errors = (DataError, ValueError, FloatingPointError, OSError)
+    if "d2l_multi.checkpoint" in sys.modules:  # loaded only by commands that use Orbax
+        errors += (sys.modules["d2l_multi.checkpoint"].CheckpointError,)
+    return errors
+
+
+def run(prog, function, argv):
+    """Call ``function(argv)``; print expected errors as one line and return 1 (2 for
+    ValueError, a bad argument)."""
+    try:
+        return function(argv)
+    except KeyboardInterrupt:
+        print(f"{prog}: interrupted", file=sys.stderr)
+        return 130
+    except expected_errors() as e:
+        if os.environ.get(TRACEBACK_ENV):
+            raise
+        print(f"{prog}: error: {e}", file=sys.stderr)
+        return 2 if isinstance(e, ValueError) else 1
 
 
 def main(argv=None):
     argv = list(sys.argv[1:] if argv is None else argv)
     command = argv.pop(0) if argv and not argv[0].startswith("-") else "train"
-    if command == "train":
-        from .cli import train_main
-        return train_main(argv)
-    if command == "benchmark":
-        from .benchmark import main as benchmark_main
-        return benchmark_main(argv)
-    if command == "launch":
-        from .launch import main as launch_main
-        return launch_main(argv)
-    print(f"unknown command {command!r}; use one of: train, benchmark, launch "
-          f"(python -m d2l_multi COMMAND --help)", file=sys.stderr)
-    return 2
+    if command not in COMMANDS:
+        print(f"unknown command {command!r}; use one of: {', '.join(COMMANDS)} "
+              f"(python -m d2l_multi COMMAND --help)", file=sys.stderr)
+        return 2
+    import importlib
+    module, name = COMMANDS[command]
+    function = getattr(importlib.import_module(f".{module}", __package__), name)
+    return run(f"python -m d2l_multi {command}", function, argv)
 
 
 if __name__ == "__main__":

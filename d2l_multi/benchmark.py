@@ -42,7 +42,8 @@ def _lenet_nchw(params, X):
     W1, b1, W2, b2, W3, b3, W4, b4 = params
 
     def conv(X, W, b):
-        Y = lax.conv_general_dilated(X, W, (1, 1), "VALID", dimension_numbers=("NCHW", "OIHW", "NCHW"))
+        Y = lax.conv_general_dilated(X, W, (1, 1), "VALID",
+                                     dimension_numbers=("NCHW", "OIHW", "NCHW"))
         return Y + b[:, None, None]
 
     def pool(X):
@@ -69,9 +70,9 @@ def straightforward(n, X, y, batch):
     def step(params, X, y, lr):
         loss = lambda p: optax.softmax_cross_entropy_with_integer_labels(
             _lenet_nchw(p, X), y).mean()
-        l, g = jax.value_and_grad(loss)(params)
-        g = jax.lax.pmean(g, "d")
-        return [p - lr * gi for p, gi in zip(params, g)], l
+        loss_value, grads = jax.value_and_grad(loss)(params)
+        grads = jax.lax.pmean(grads, "d")
+        return [p - lr * g for p, g in zip(params, grads)], loss_value
 
     def run(i, state):
         Xb, yb = d2l.split_batch(X[i * batch:(i + 1) * batch], y[i * batch:(i + 1) * batch], n)
@@ -80,15 +81,14 @@ def straightforward(n, X, y, batch):
 
 
 def chapter_pmap(n, X, y, batch):
-    """The chapter's d2l.train path: NHWC, best_conv, d2l.train_batch (pmap)."""
+    """The chapter's d2l.train path: NHWC, d2l.conv2d, d2l.train_batch (pmap)."""
     import jax
     import d2l_multi as d2l
     params = d2l.replicate(d2l.init_lenet_params(jax.random.key(0)), d2l.devices(n))
-    conv = d2l.best_conv()
 
     def run(i, state):
         return d2l.train_batch(state, X[i * batch:(i + 1) * batch],
-                               y[i * batch:(i + 1) * batch], n, 0.1, conv)
+                               y[i * batch:(i + 1) * batch], n, 0.1)
     return params, run
 
 
@@ -97,19 +97,17 @@ def chapter_jit(n, X, y, batch):
     import jax
     from jax.sharding import NamedSharding, PartitionSpec as P
     import d2l_multi as d2l
-    mesh = jax.make_mesh((n,), ("data",), (jax.sharding.AxisType.Auto,),
-                         devices=d2l.devices(n))
+    mesh = d2l.device_mesh((n,))
     params = jax.device_put(d2l.init_lenet_params(jax.random.key(0)), NamedSharding(mesh, P()))
     steps = len(X) // batch
     shard = NamedSharding(mesh, P(None, "data"))
     Xs = jax.device_put(X[:steps * batch].reshape(steps, batch, *X.shape[1:]), shard)
     ys = jax.device_put(y[:steps * batch].reshape(steps, batch), shard)
-    conv = d2l.best_conv()
 
     @functools.partial(jax.jit, donate_argnums=0)
     def step(params, Xs, ys, i):
-        l, g = jax.value_and_grad(d2l.loss_fn)(params, Xs[i], ys[i], conv)
-        return [p - 0.1 * gi for p, gi in zip(params, g)], l
+        loss, grads = jax.value_and_grad(d2l.loss_fn)(params, Xs[i], ys[i])
+        return [p - 0.1 * g for p, g in zip(params, grads)], loss
 
     def run(i, state):
         return step(state, Xs, ys, i)
@@ -125,7 +123,7 @@ def _time_jax(make, n, X, y, batch, steps, warmup=3):
     jax.block_until_ready(state)
     t = time.perf_counter()
     for i in range(steps):
-        state, loss = d2l.throttle(run(i, state), i)  # a long queue deadlocks XLA:CPU
+        state, loss = run(i, state)
     jax.block_until_ready((state, loss))
     return (time.perf_counter() - t) / steps
 
@@ -165,7 +163,6 @@ def main(argv=None):
     args = p.parse_args(argv)
     import d2l_multi as d2l
     d2l.simulate_devices(max(args.devices, 1))
-    import numpy as np
     print(_machine())
     try:
         d2l.devices(args.devices)
@@ -181,7 +178,7 @@ def main(argv=None):
           f"time per step x {epoch_steps}" + (" [SMOKE RUN]" if d2l.smoke() else ""))
     rows = []
     for name, make in [("straightforward (d2l text): pmap, NCHW, host batches", straightforward),
-                       ("chapter d2l.train: pmap, NHWC, best_conv", chapter_pmap),
+                       ("chapter d2l.train: pmap, NHWC, d2l.conv2d", chapter_pmap),
                        ("chapter jit + NamedSharding, data on device", chapter_jit)]:
         for n in dict.fromkeys((1, args.devices)):
             sec = _time_jax(make, n, X, y, args.batch_size, steps)

@@ -11,10 +11,6 @@ from jax.sharding import NamedSharding, PartitionSpec as P
 
 import d2l_multi as d2l
 
-__all__ = ["CheckpointError", "abstract_like", "check_fits", "checkpoint_manager",
-           "lenet_specs", "restore_checkpoint", "save_checkpoint", "sharded_train_state",
-           "state_specs", "train_steps"]
-
 
 class CheckpointError(RuntimeError):
     """A checkpoint exists but cannot be read: it is damaged or was not written by Orbax."""
@@ -149,7 +145,7 @@ def train_steps(state, train_step, batches, mesh, num_steps, manager=None, save_
         params, opt_state, loss = train_step(state["params"], state["opt_state"],
                                              *d2l.shard_batch(X, y, mesh))
         state = {"params": params, "opt_state": opt_state, "step": state["step"] + 1}
-        losses.append(d2l.throttle(loss, i))
+        losses.append(loss)
         if manager is not None and save_every and (start + i + 1) % save_every == 0:
             save_checkpoint(manager, start + i + 1, state, batches)
     if manager is not None:

@@ -1,20 +1,22 @@
 """``python -m d2l_multi train``: LeNet data parallel on 1 and N devices, table and plots."""
 import argparse
 import json
+import math
 import os
 import pathlib
 import sys
 import tempfile
 
 
-def _positive(kind):
+def positive(kind):
+    """An argparse type: a finite number of ``kind`` greater than 0."""
     def parse(text):
         try:
             value = kind(text)
         except ValueError:
             raise argparse.ArgumentTypeError(f"expected a {kind.__name__}, got {text!r}")
-        if value <= 0:
-            raise argparse.ArgumentTypeError(f"must be positive, got {text}")
+        if not math.isfinite(value) or value <= 0:
+            raise argparse.ArgumentTypeError(f"must be a finite number > 0, got {text}")
         return value
     return parse
 
@@ -40,52 +42,82 @@ def parser():
     p = argparse.ArgumentParser(
         prog="python -m d2l_multi train",
         description="Train LeNet on Fashion-MNIST data-parallel on 1 and N devices "
-                    "(N simulated CPU devices when there is no accelerator).")
+                    "(N simulated CPU devices when there are fewer than two accelerators).")
     p.add_argument("--devices", type=_device_counts, default=[1, "all"],
                    help="comma-separated device counts to compare (default: 1,all)")
-    p.add_argument("--epochs", type=_positive(int), default=None,
-                   help="epochs per run (default 10; 2 with D2L_MULTI_SMOKE=1)")
-    p.add_argument("--batch-size", type=_positive(int), default=256,
+    p.add_argument("--epochs", type=positive(int), default=10,
+                   help="epochs per run (default 10)")
+    p.add_argument("--batch-size", type=positive(int), default=256,
                    help="global batch size on one device (default 256)")
-    p.add_argument("--lr", type=_positive(float), default=0.1,
+    p.add_argument("--lr", type=positive(float), default=0.1,
                    help="learning rate on one device (default 0.1)")
     p.add_argument("--scale-batch", action="store_true",
                    help="as d2l's concise section does, multiply the batch size and the learning "
                         "rate by the number of devices (default: the same global batch on every "
                         "device count, so runs differ only in how the work is split)")
-    p.add_argument("--cpu-devices", type=_positive(int), default=8,
+    p.add_argument("--cpu-devices", type=positive(int), default=8,
                    help="CPU devices to simulate when there is no accelerator (default 8)")
-    p.add_argument("--conv", choices=["best", "lax", "im2col"], default="best",
-                   help="convolution implementation (default: the faster for the backend)")
     p.add_argument("--out", type=pathlib.Path, default=pathlib.Path("runs"),
                    help="folder for the PNG plots and results.json (default: runs/)")
     return p
 
 
-def _save_atomic(fig, path):
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name, suffix=".png")
+def writable_dir(path):
+    """Create ``path`` if needed and check that files can be written there, or raise
+    OSError naming the folder and the fix."""
+    path = pathlib.Path(path)
+    if path.exists() and not path.is_dir():
+        raise NotADirectoryError(f"--out {path} is a file, not a folder; pass a folder")
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+        fd, probe = tempfile.mkstemp(dir=path, prefix=".write-test")
+        os.close(fd)
+        os.remove(probe)
+    except OSError as e:
+        raise PermissionError(f"cannot write into --out {path} ({e.strerror}); pass a folder "
+                              f"you can write to") from None
+    return path
+
+
+def save_atomic(path, write):
+    """Call ``write(tmp)`` with a temporary file next to ``path``, then rename it to ``path``:
+    the file is either complete or absent."""
+    path = pathlib.Path(path)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=path.suffix)
     os.close(fd)
     try:
-        fig.savefig(tmp, dpi=120, bbox_inches="tight")
+        write(tmp)
         os.replace(tmp, path)
     finally:
         if os.path.exists(tmp):
             os.remove(tmp)
+    return path
 
 
-class _WithProgress:
-    """Wraps a data module so training batches show a tqdm progress bar."""
+class _Progress:
+    """A data module whose training loader shows a tqdm bar per epoch, e.g.
+    ``8 devices · epoch 3/10``."""
 
-    def __init__(self, data, desc):
-        self.data, self.desc = data, desc
+    def __init__(self, data, label, num_epochs):
+        self.data, self.label, self.num_epochs = data, label, num_epochs
 
     def get_dataloader(self, train, batch_size=None, drop_last=False):
+        loader = self.data.get_dataloader(train, batch_size, drop_last)
+        return _EpochBar(loader, self.label, self.num_epochs) if train else loader
+
+
+class _EpochBar:
+    def __init__(self, loader, label, num_epochs):
+        self.loader, self.label, self.num_epochs, self.epoch = loader, label, num_epochs, 0
+
+    def __iter__(self):
         from tqdm.auto import tqdm
-        batches = self.data.get_dataloader(train, batch_size, drop_last)
-        return tqdm(batches, desc=self.desc, leave=False, file=sys.stderr) if train else batches
+        self.epoch += 1
+        desc = f"{self.label} · epoch {self.epoch}/{self.num_epochs}"
+        return iter(tqdm(self.loader, desc=desc, leave=False, file=sys.stderr))
 
 
-def _plots(runs, out):
+def _plots(runs, out, machine):
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
@@ -95,12 +127,14 @@ def _plots(runs, out):
                 marker="o", label=f"{r['devices']} dev, batch {r['batch_size']}")
     ax.set(xlabel="epoch", ylabel="test accuracy", title="LeNet on Fashion-MNIST")
     ax.grid(), ax.legend()
-    _save_atomic(fig, out / "accuracy.png")
+    save_atomic(out / "accuracy.png", lambda tmp: fig.savefig(tmp, dpi=120,
+                                                               bbox_inches="tight"))
     fig, ax = plt.subplots(figsize=(5, 3.5))
     labels = [f"{r['devices']} dev\nbatch {r['batch_size']}" for r in runs]
     ax.bar(labels, [r["sec_per_epoch"] for r in runs])
-    ax.set(ylabel="sec/epoch (after epoch 1)", title=f"on {runs[0]['platform']}")
-    _save_atomic(fig, out / "sec_per_epoch.png")
+    ax.set(ylabel="sec/epoch (after epoch 1)", title=f"LeNet epoch time on {machine}")
+    save_atomic(out / "sec_per_epoch.png", lambda tmp: fig.savefig(tmp, dpi=120,
+                                                                    bbox_inches="tight"))
     plt.close("all")
 
 
@@ -108,43 +142,30 @@ def train_main(argv):
     args = parser().parse_args(argv)
     import d2l_multi as d2l
     d2l.simulate_devices(args.cpu_devices)
-    import numpy as np
-    available = len(d2l.devices())
-    counts = [available if n == "all" else n for n in args.devices]
-    epochs = args.epochs or d2l.pick(10, 2)
+    available = d2l.devices()
+    counts = list(dict.fromkeys(len(available) if n == "all" else n for n in args.devices))
     configs = []
-    try:
-        for n in dict.fromkeys(counts):  # keeps order, drops repeats
-            if n > available and d2l.num_gpus() == 0:
-                raise ValueError(f"asked for {n} devices but only {available} simulated CPU "
-                                 f"devices exist; pass --cpu-devices {n} to simulate more")
-            d2l.devices(n)
-            scale = n if args.scale_batch else 1
-            batch, lr = args.batch_size * scale, args.lr * scale
-            d2l.check_divisible(batch, n)
-            configs.append((n, batch, lr))
-    except ValueError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
-    conv = {"best": d2l.best_conv(), "lax": d2l.conv2d, "im2col": d2l.conv2d_im2col}[args.conv]
-    data = d2l.FashionMNIST(args.batch_size, num_train=d2l.pick(None, 4096),
-                            num_val=d2l.pick(None, 1024))
-    print(f"LeNet on Fashion-MNIST: {len(data.train[0])} training images, {epochs} epochs, "
-          f"conv={conv.__name__}, {d2l.describe(d2l.devices())} available"
-          + (" [SMOKE RUN: not results]" if d2l.smoke() else ""))
+    for n in counts:
+        if n > len(available) and available[0].platform == "cpu":
+            raise ValueError(f"asked for {n} devices but only {len(available)} simulated CPU "
+                             f"devices exist; pass --cpu-devices {n} to simulate more")
+        d2l.devices(n)
+        scale = n if args.scale_batch else 1
+        configs.append((n, args.batch_size * scale, args.lr * scale))
+        d2l.check_divisible(configs[-1][1], n)
+    out = writable_dir(args.out)
+    smoke = " [SMOKE RUN: not results]" if d2l.smoke() else ""
+    print(f"LeNet on Fashion-MNIST, {args.epochs} epochs, {d2l.describe(available)} "
+          f"available{smoke}")
     runs = []
     for n, batch, lr in configs:
-        try:
-            _, history, animator = d2l.train(
-                n, batch, lr, epochs, _WithProgress(data, f"{n} dev"), conv)
-        except FloatingPointError as e:
-            print(f"error: {e}", file=sys.stderr)
-            return 1
+        data = _Progress(d2l.FashionMNIST(batch), d2l.describe(d2l.devices(n)), args.epochs)
+        _, history, animator = d2l.train(n, batch, lr, args.epochs, data)
         import matplotlib.pyplot as plt
         plt.close(animator.fig)
         later = [h["sec"] for h in history[1:]] or [history[0]["sec"]]
         runs.append({"devices": n, "batch_size": batch, "lr": lr, "history": history,
-                     "sec_per_epoch": float(np.mean(later)),
+                     "sec_per_epoch": sum(later) / len(later),
                      "test_acc": history[-1]["test_acc"],
                      "platform": d2l.describe(d2l.devices(n))})
     print(f"\n{'devices':>7} {'batch':>6} {'lr':>6} {'sec/epoch':>9} {'test acc':>8}")
@@ -152,15 +173,15 @@ def train_main(argv):
         print(f"{r['devices']:7d} {r['batch_size']:6d} {r['lr']:6.2f} "
               f"{r['sec_per_epoch']:9.2f} {r['test_acc']:8.3f}")
     print("sec/epoch averages the epochs after the first, which includes compilation.")
-    if d2l.devices()[0].platform == "cpu":
-        print("Simulated CPU devices share this machine's cores: the timings show overhead, "
-              "not multi-device speedup.")
-    args.out.mkdir(parents=True, exist_ok=True)
-    _plots(runs, args.out)
-    results = args.out / "results.json"
-    tmp = results.with_suffix(".json.tmp")
-    tmp.write_text(json.dumps({"smoke": d2l.smoke(), "epochs": epochs, "runs": runs}, indent=1))
-    os.replace(tmp, results)
-    print(f"plots: {args.out / 'accuracy.png'}, {args.out / 'sec_per_epoch.png'}; "
-          f"results: {results}")
+    cores = os.cpu_count()
+    if available[0].platform == "cpu":
+        machine = f"{len(available)} simulated CPU devices sharing {cores} cores"
+        print(f"The {machine}: the timings show overhead, not multi-device speedup.")
+    else:
+        machine = d2l.describe(available)
+    _plots(runs, out, machine)
+    text = json.dumps({"smoke": d2l.smoke(), "epochs": args.epochs, "machine": machine,
+                       "runs": runs}, indent=1)
+    results = save_atomic(out / "results.json", lambda tmp: pathlib.Path(tmp).write_text(text))
+    print(f"plots: {out / 'accuracy.png'}, {out / 'sec_per_epoch.png'}; results: {results}")
     return 0

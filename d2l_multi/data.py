@@ -9,6 +9,7 @@ re-gzipped copy (Debian's) is accepted and a damaged one is refused with the fil
 import functools
 import gzip
 import hashlib
+import itertools
 import os
 import pathlib
 import tempfile
@@ -193,11 +194,14 @@ def load_dataset(name="fashion-mnist", data_dir=None):
 
 
 class Batches:
-    """Mini-batches ``(X, y)`` of two arrays; a fresh shuffle on every pass when ``shuffle``."""
+    """Mini-batches ``(X, y)`` of two arrays. With ``shuffle``, every pass draws a new order:
+    pass ``k`` of the counter ``passes`` (shared by the loaders of one data module, so asking
+    for a new loader every epoch reshuffles too) uses the permutation ``(seed, k)``."""
 
-    def __init__(self, X, y, batch_size, shuffle=False, drop_last=False, seed=0):
+    def __init__(self, X, y, batch_size, shuffle=False, drop_last=False, seed=0, passes=None):
         self.X, self.y, self.batch_size = X, y, batch_size
-        self.shuffle, self.drop_last, self.seed, self.epoch = shuffle, drop_last, seed, 0
+        self.shuffle, self.drop_last, self.seed = shuffle, drop_last, seed
+        self.passes = itertools.count() if passes is None else passes
 
     def __len__(self):
         n, b = len(self.X), self.batch_size
@@ -206,8 +210,7 @@ class Batches:
     def __iter__(self):
         n, b = len(self.X), self.batch_size
         if self.shuffle:
-            self.epoch += 1
-            order = np.random.default_rng((self.seed, self.epoch)).permutation(n)
+            order = np.random.default_rng((self.seed, next(self.passes))).permutation(n)
         else:
             order = np.arange(n)
         for i in range(0, len(self) * b, b):
@@ -215,24 +218,45 @@ class Batches:
             yield self.X[idx], self.y[idx]
 
 
+def _check_count(name, value, available):
+    if value is None:
+        return
+    if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= available:
+        raise ValueError(f"{name}={value!r}: pass a number of examples from 1 to {available}, "
+                         f"or None for all {available}")
+
+
 class FashionMNIST:
     """d2l's Fashion-MNIST data module, as NumPy arrays in NHWC layout.
 
     ``train`` and ``val`` are ``(X, y)`` with X float32 in [0, 1] of shape (n, 28, 28, 1)
-    and y int32. ``num_train``/``num_val`` keep only the first examples (for smoke runs).
+    and y int32. ``num_train``/``num_val`` keep only the first examples. With the smoke switch
+    on (``D2L_MULTI_SMOKE=1``) at most 2048 training and 512 test examples are kept.
     """
     name = "fashion-mnist"
     labels = ["t-shirt", "trouser", "pullover", "dress", "coat",
               "sandal", "shirt", "sneaker", "bag", "ankle boot"]
+    smoke_sizes = (2048, 512)
 
     def __init__(self, batch_size=64, resize=(28, 28), data_dir=None, *,
                  num_train=None, num_val=None, seed=0):
-        if batch_size < 1:
-            raise ValueError(f"batch_size must be positive, got {batch_size}")
-        self.batch_size, self.resize, self.seed = batch_size, resize, seed
+        if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
+            raise ValueError(f"batch_size must be a positive integer, got {batch_size!r}")
+        if resize is not None and (
+                len(tuple(resize)) != 2 or any(isinstance(s, bool) or not isinstance(s, int)
+                                               or s < 1 for s in resize)):
+            raise ValueError(f"resize={resize!r}: pass (height, width) as two positive "
+                             f"integers, e.g. (28, 28), or None to keep the original size")
+        if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
+            raise ValueError(f"seed must be a non-negative integer, got {seed!r}")
         raw = load_dataset(self.name, data_dir)
-        self.train = self._prepare(*raw["train"], num_train)
-        self.val = self._prepare(*raw["test"], num_val)
+        _check_count("num_train", num_train, len(raw["train"][1]))
+        _check_count("num_val", num_val, len(raw["test"][1]))
+        from .smoke_switch import shrink
+        self.batch_size, self.resize, self.seed = batch_size, resize, seed
+        self.train = self._prepare(*raw["train"], shrink(num_train, self.smoke_sizes[0]))
+        self.val = self._prepare(*raw["test"], shrink(num_val, self.smoke_sizes[1]))
+        self._passes = itertools.count()  # training passes drawn so far, by any loader
 
     def _prepare(self, X, y, n):
         X, y = X[:n], y[:n]
@@ -247,9 +271,19 @@ class FashionMNIST:
         return [self.labels[int(i)] for i in indices]
 
     def get_dataloader(self, train, batch_size=None, drop_last=False):
-        """Return an iterable of ``(X, y)`` batches; training batches are reshuffled each pass."""
-        return Batches(*(self.train if train else self.val), batch_size or self.batch_size,
-                       shuffle=train, drop_last=drop_last, seed=self.seed)
+        """Return an iterable of ``(X, y)`` batches; training batches are reshuffled on every
+        pass, reproducibly from ``seed``. ``drop_last``: skip the last incomplete batch."""
+        batch_size = self.batch_size if batch_size is None else batch_size
+        if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
+            raise ValueError(f"batch_size must be a positive integer, got {batch_size!r}")
+        X, y = self.train if train else self.val
+        if drop_last and len(X) < batch_size:
+            raise ValueError(
+                f"the {'training' if train else 'test'} set has {len(X)} examples, fewer than "
+                f"one batch of {batch_size}, so drop_last=True leaves no batch at all; use a "
+                f"batch size of at most {len(X)}, or keep more examples (num_train/num_val)")
+        return Batches(X, y, batch_size, shuffle=train, drop_last=drop_last, seed=self.seed,
+                       passes=self._passes)
 
     def train_dataloader(self):
         return self.get_dataloader(train=True)

@@ -12,10 +12,6 @@ from jax.sharding import NamedSharding, PartitionSpec as P
 
 import d2l_multi as d2l
 
-__all__ = ["apply_ensemble", "check_ensemble_size", "create_ensemble_state",
-           "create_stacked_ensemble", "ensemble_num_correct", "evaluate_ensemble",
-           "map_members", "member_num_correct", "member_step", "stacked_train_step"]
-
 
 def check_ensemble_size(num_members, num_devices, one_per_device=False):
     """Raise a ValueError naming the fix unless ``num_members`` models fit ``num_devices``:
@@ -29,18 +25,16 @@ def check_ensemble_size(num_members, num_devices, one_per_device=False):
             f"jax.random.split(rng, {num_devices}), or train {num_members} models as a stacked "
             f"ensemble (d2l.create_stacked_ensemble) on a mesh whose 'model' axis divides "
             f"{num_members}")
-    if num_members % num_devices:
-        lower = num_members - num_members % num_devices
-        sizes = " or ".join(str(n) for n in (lower, lower + num_devices) if n > 0)
+    try:
+        d2l.check_divisible(num_members, num_devices, "an ensemble of",
+                            "devices of the mesh's 'model' axis")
+    except ValueError as e:
         axis = max(d for d in range(1, num_devices + 1)
                    if num_members % d == 0 and num_devices % d == 0)
         raise ValueError(
-            f"an ensemble of {num_members} models does not split evenly over the "
-            f"{num_devices} devices of the mesh's 'model' axis; use a multiple of "
-            f"{num_devices} models, e.g. {sizes}, or a 'model' axis of {axis} "
-            f"device{'s' if axis > 1 else ''} (a "
+            f"{e} models, or a 'model' axis of {axis} device{'s' if axis > 1 else ''} (a "
             f"divisor of {num_members}), e.g. a ({axis}, {num_devices // axis}) mesh with axes "
-            f"('model', 'data') that also splits each batch over 'data'")
+            f"('model', 'data') that also splits each batch over 'data'") from None
 
 
 def create_ensemble_state(rngs, learning_rate, momentum):

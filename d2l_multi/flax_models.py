@@ -178,7 +178,7 @@ def evaluate_flax(state, data_iter):
 
 def train_sharded(state, data, num_devices, batch_size, num_epochs):
     """Train a BatchNorm model's ``state`` data parallel with jit + shardings, timed per epoch."""
-    mesh = d2l.data_mesh(num_devices)
+    mesh = d2l.device_mesh((num_devices,))
     d2l.check_divisible(batch_size, num_devices)
     step = jax.jit(bn_train_step)
     state = d2l.shard(state, mesh)  # replicated: P()
@@ -188,8 +188,8 @@ def train_sharded(state, data, num_devices, batch_size, num_epochs):
     timer, history = d2l.Timer(), []
     for epoch in range(num_epochs):
         timer.start()
-        for i, (X, y) in enumerate(data.get_dataloader(True, batch_size, drop_last=True)):
-            state, loss, _ = d2l.throttle(step(state, *d2l.shard_batch(X, y, mesh)), i)
+        for X, y in data.get_dataloader(True, batch_size, drop_last=True):
+            state, loss, _ = step(state, *d2l.shard_batch(X, y, mesh))
         loss = float(loss)  # waits for the last step, so the timer sees all the work
         timer.stop()
         acc = evaluate_flax(state, data.get_dataloader(False, batch_size))

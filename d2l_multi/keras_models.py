@@ -6,8 +6,6 @@ import time: set ``os.environ['KERAS_BACKEND'] = 'jax'`` first, then call these 
 """
 import jax
 
-import d2l_multi as d2l
-
 
 def keras_convnet():
     """The convnet of Keras' JAX distributed-training guide, for 28x28x1 images in [0, 1]."""
@@ -59,13 +57,3 @@ def keras_assign_state(model, optimizer, state):
             # A copy: Keras' fit/evaluate donate their variables' buffers, deleting them.
             variable.assign(jax.device_put(value, may_alias=False))
 
-
-def keras_throttle(every=8):
-    """A Keras callback for ``fit`` that waits for every ``every``-th batch (``d2l.throttle``).
-
-    A batch-level callback also makes Keras fetch each batch's logs; either way the queue of
-    dispatched steps stays short, which multi-device XLA:CPU needs (see ``d2l.throttle``).
-    """
-    import keras
-    return keras.callbacks.LambdaCallback(
-        on_train_batch_end=lambda batch, logs: d2l.throttle(logs, batch, every))

@@ -1,7 +1,8 @@
 """LeNet written by hand: parameters are a plain list of arrays, layers are ``lax`` calls.
 
 Images are NHWC (batch, height, width, channels) and kernels HWIO, the layout XLA prefers on
-CPU and GPU alike (chapter 01 measures the difference).
+CPU and GPU alike. ``conv2d`` computes the convolution the fastest way for the device: XLA's
+convolution on accelerators, one matrix product over shifted slices (im2col) on CPUs.
 """
 import jax
 import jax.numpy as jnp
@@ -19,7 +20,7 @@ def init_lenet_params(key):
             he(k4, (128, 10)), jnp.zeros(10)]        # dense 128 -> 10 classes
 
 
-def conv2d(X, W, b):
+def conv2d_xla(X, W, b):
     """A 'valid' 2-D convolution of NHWC images with an HWIO kernel, plus a bias."""
     Y = lax.conv_general_dilated(X, W, window_strides=(1, 1), padding="VALID",
                                  dimension_numbers=("NHWC", "HWIO", "NHWC"))
@@ -41,22 +42,23 @@ def conv2d_im2col(X, W, b):
     return patches @ W.reshape(kh * kw * cin, cout) + b
 
 
-def lenet(params, X, conv=conv2d):
+def conv2d(X, W, b):
+    """The same convolution, computed the fastest way for the platform it is compiled for."""
+    return lax.platform_dependent(X, W, b, cpu=conv2d_im2col, default=conv2d_xla)
+
+
+def lenet(params, X):
     """LeNet's forward pass: (batch, 28, 28, 1) images -> (batch, 10) logits."""
     W1, b1, W2, b2, W3, b3, W4, b4 = params
-    h1 = avg_pool2d(jax.nn.relu(conv(X, W1, b1)))       # (batch, 13, 13, 20)
-    h2 = avg_pool2d(jax.nn.relu(conv(h1, W2, b2)))      # (batch, 4, 4, 50)
+    h1 = avg_pool2d(jax.nn.relu(conv2d(X, W1, b1)))     # (batch, 13, 13, 20)
+    h2 = avg_pool2d(jax.nn.relu(conv2d(h1, W2, b2)))    # (batch, 4, 4, 50)
     h2 = h2.reshape(h2.shape[0], -1)                    # (batch, 800)
     h3 = jax.nn.relu(h2 @ W3 + b3)                      # (batch, 128)
     return h3 @ W4 + b4                                 # (batch, 10)
 
 
-def loss_fn(params, X, y, conv=conv2d):
+def loss_fn(params, X, y):
     """Mean softmax cross-entropy of LeNet's logits against integer labels."""
-    logits = lenet(params, X, conv)
+    logits = lenet(params, X)
     return optax.softmax_cross_entropy_with_integer_labels(logits, y).mean()
 
-
-def best_conv():
-    """The faster convolution for the backend at hand: im2col on CPU, XLA's conv elsewhere."""
-    return conv2d_im2col if jax.default_backend() == "cpu" else conv2d

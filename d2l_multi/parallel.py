@@ -1,86 +1,87 @@
-"""Data parallelism by hand: allreduce, a ring allreduce, split_batch and a pmapped SGD step."""
+"""Data parallelism from scratch: split a batch over the devices, a pmapped SGD step whose
+gradients are averaged with ``lax.pmean``, and LeNet trained on 1 or N devices."""
 import functools
+import math
 
 import jax
 import jax.numpy as jnp
 from jax import lax
-from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
 import d2l_multi as d2l
 
 
-def allreduce(data):
-    """Sum arrays that live on different devices and give every device the sum (by hand)."""
-    total = data[0]
-    for x in data[1:]:
-        total = total + jax.device_put(x, total.device)  # gather onto the first device
-    return [jax.device_put(total, x.device) for x in data]  # broadcast the sum back
-
-
-def ring_allreduce(x, axis_name):
-    """Sum ``x`` over ``axis_name`` with a ring: reduce-scatter, then all-gather.
-
-    Call it inside ``pmap`` or ``shard_map``. Each of the k devices sends 2(k-1) chunks of
-    size n/k to its right-hand neighbour, so it moves 2(k-1)/k * n values in all.
-    """
-    k = lax.axis_size(axis_name)
-    if k == 1:
-        return x
-    i = lax.axis_index(axis_name)
-    right = [(j, (j + 1) % k) for j in range(k)]
-    flat = x.reshape(-1)
-    pad = -flat.size % k
-    chunks = jnp.pad(flat, (0, pad)).reshape(k, -1)
-    for s in range(k - 1):  # reduce-scatter: after it, device i owns the sum of chunk i+1
-        received = lax.ppermute(chunks[(i - s) % k], axis_name, right)
-        chunks = chunks.at[(i - s - 1) % k].add(received)
-    for s in range(k - 1):  # all-gather: pass the finished chunks once around the ring
-        received = lax.ppermute(chunks[(i + 1 - s) % k], axis_name, right)
-        chunks = chunks.at[(i - s) % k].set(received)
-    return chunks.reshape(-1)[:flat.size].reshape(x.shape)
-
-
-def check_divisible(batch_size, num_devices):
-    """Raise a ValueError naming the nearest batch sizes when ``batch_size % num_devices``."""
-    if batch_size % num_devices:
-        lower = batch_size - batch_size % num_devices
-        upper = lower + num_devices
-        options = " or ".join(str(b) for b in (lower, upper) if b > 0)
-        raise ValueError(f"batch size {batch_size} does not divide evenly over "
-                         f"{num_devices} devices; use a multiple of {num_devices}, "
-                         f"e.g. {options}")
+def check_divisible(size, parts, what="batch size", over="devices"):
+    """Raise a ValueError naming the nearest good sizes unless ``size`` splits into ``parts``."""
+    if isinstance(parts, bool) or not isinstance(parts, int) or parts < 1:
+        raise ValueError(f"the number of {over} must be a positive integer, got {parts!r}")
+    if size % parts:
+        lower = size - size % parts
+        options = " or ".join(str(s) for s in (lower, lower + parts) if s > 0)
+        raise ValueError(f"{what} {size} does not divide evenly over {parts} {over}; "
+                         f"use a multiple of {parts}, e.g. {options}")
 
 
 def split_batch(X, y, num_devices):
     """Split ``X`` and ``y`` into ``num_devices`` equal shards along a new leading axis."""
-    check_divisible(X.shape[0], num_devices)
+    if len(X) != len(y):
+        raise ValueError(f"X has {len(X)} examples but y has {len(y)} labels; pass one "
+                         f"label per example")
+    check_divisible(len(X), num_devices)
     return (X.reshape(num_devices, -1, *X.shape[1:]),
             y.reshape(num_devices, -1, *y.shape[1:]))
 
 
-def replicate(params, devices):
-    """Put a copy of ``params`` on every device, stacked along a leading device axis."""
-    sharding = NamedSharding(Mesh(devices, ("devices",)), P("devices"))
-    stack = lambda a: jnp.broadcast_to(a, (len(devices), *jnp.shape(a)))
-    return jax.device_put(jax.tree.map(stack, params), sharding)
-
-
-def unreplicate(params):
-    """Take the copy held by the first device (all copies are equal)."""
-    return jax.tree.map(lambda a: a[0], params)
-
-
-@functools.partial(jax.pmap, axis_name="devices", in_axes=(0, 0, 0, None),
-                   static_broadcasted_argnums=4)
-def pmap_sgd_step(params, X, y, lr, conv=d2l.conv2d):
+@functools.partial(jax.pmap, axis_name="devices", in_axes=(0, 0, 0, None))
+def pmap_sgd_step(params, X, y, lr):
     """One SGD step on every device: local gradients, averaged with ``pmean``, same update."""
-    loss, grads = jax.value_and_grad(d2l.loss_fn)(params, X, y, conv)
+    loss, grads = jax.value_and_grad(d2l.loss_fn)(params, X, y)
     grads = lax.pmean(grads, axis_name="devices")   # the allreduce of data parallelism
     loss = lax.pmean(loss, axis_name="devices")
     return [p - lr * g for p, g in zip(params, grads)], loss
 
 
-def train_batch(params, X, y, num_devices, lr, conv=d2l.conv2d):
+def train_batch(params, X, y, num_devices, lr):
     """Split a global batch over the devices and take one data-parallel SGD step."""
     X_shards, y_shards = split_batch(X, y, num_devices)
-    return pmap_sgd_step(params, X_shards, y_shards, lr, conv)
+    return pmap_sgd_step(params, X_shards, y_shards, lr)
+
+
+@jax.jit
+def num_correct(params, X, y):
+    """How many of LeNet's predictions for ``X`` equal the labels ``y``."""
+    return (jnp.argmax(d2l.lenet(params, X), axis=1) == y).sum()
+
+
+def evaluate_accuracy(params, data_iter):
+    """Accuracy of LeNet (unreplicated ``params``, on one device) over ``data_iter``."""
+    metric = d2l.Accumulator(2)  # number correct, number of examples
+    for X, y in data_iter:
+        metric.add(num_correct(params, X, y), y.size)
+    return metric[0] / metric[1]
+
+
+def train(num_devices, batch_size, lr, num_epochs=10, data=None):
+    """Train LeNet on ``num_devices`` devices; return unreplicated params and history."""
+    d2l.check_positive(lr=lr, num_epochs=num_epochs)
+    devices = d2l.devices(num_devices)
+    data = data or d2l.FashionMNIST(batch_size)
+    train_iter = data.get_dataloader(train=True, drop_last=True)
+    params = d2l.replicate(d2l.init_lenet_params(jax.random.key(0)), devices)
+    animator = d2l.Animator("epoch", "test acc", xlim=[1, num_epochs], ylim=[0, 1])
+    timer, history = d2l.Timer(), []
+    for epoch in range(num_epochs):
+        timer.start()
+        for X, y in train_iter:
+            params, loss = train_batch(params, X, y, num_devices, lr)
+        loss = float(loss[0])  # waits for the last step, so the timer sees all the work
+        timer.stop()
+        if not math.isfinite(loss):
+            raise FloatingPointError(
+                f"the loss became {loss} in epoch {epoch + 1} with lr={lr}; the learning "
+                f"rate is too large for batch {batch_size}: try lr={lr / 10:g}")
+        acc = evaluate_accuracy(d2l.unreplicate(params), data.get_dataloader(train=False))
+        animator.add(epoch + 1, acc)
+        history.append({"epoch": epoch + 1, "loss": loss, "test_acc": acc,
+                        "sec": timer.times[-1]})
+    print(f"test acc: {acc:.2f}, {timer.avg():.1f} sec/epoch on {d2l.describe(devices)}")
+    return d2l.unreplicate(params), history, animator

@@ -1,4 +1,5 @@
-"""d2l's small helpers: Timer and Accumulator."""
+"""d2l's small helpers (Timer, Accumulator) and a few checks and measurements used throughout."""
+import math
 import time
 
 import numpy as np
@@ -47,3 +48,39 @@ class Accumulator:
 
     def __getitem__(self, idx):
         return self.data[idx]
+
+
+def check_positive(**values):
+    """Raise a ValueError naming the first value that is not a finite number > 0; names
+    starting with ``num_`` or ending with ``_size`` must be integers."""
+    for name, value in values.items():
+        integer = name.startswith("num_") or name.endswith("_size")
+        kinds = (int,) if integer else (int, float)
+        ok = (isinstance(value, kinds) and not isinstance(value, bool)
+              and math.isfinite(value) and value > 0)
+        if not ok:
+            what = "a positive integer" if integer else "a finite positive number"
+            raise ValueError(f"{name} must be {what}, got {value!r}")
+
+
+def max_difference(a, b):
+    """The largest absolute difference between matching arrays of two pytrees, as a float."""
+    import jax
+    diffs = jax.tree.map(lambda x, y: float(np.max(np.abs(np.asarray(x, np.float64)
+                                                           - np.asarray(y, np.float64)))),
+                         a, b)
+    return max(jax.tree.leaves(diffs), default=0.0)
+
+
+def time_call(f, *args, repeat=5, warmup=1):
+    """Median wall-clock seconds of ``f(*args)`` over ``repeat`` calls, each waited for
+    (``jax.block_until_ready``), after ``warmup`` untimed calls (compilation)."""
+    import jax
+    for _ in range(warmup):
+        jax.block_until_ready(f(*args))
+    timer = Timer()
+    for _ in range(repeat):
+        timer.start()
+        jax.block_until_ready(f(*args))
+        timer.stop()
+    return float(np.median(timer.times))

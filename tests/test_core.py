@@ -27,11 +27,22 @@ def test_lenet_shapes_and_param_count():
     assert jax.jit(d2l.lenet)(params, batch(5)[0]).shape == (5, 10)
 
 
-def test_im2col_equals_lax_conv():
+def test_every_convolution_computes_the_same():
     X = jnp.asarray(batch(4)[0])
     W = jax.random.normal(jax.random.key(1), (3, 3, 1, 20))
     b = jnp.arange(20.0)
-    np.testing.assert_allclose(d2l.conv2d_im2col(X, W, b), d2l.conv2d(X, W, b), atol=1e-5)
+    want = d2l.conv2d_xla(X, W, b)
+    np.testing.assert_allclose(d2l.conv2d_im2col(X, W, b), want, atol=1e-5)
+    np.testing.assert_allclose(jax.jit(d2l.conv2d)(X, W, b), want, atol=1e-5)
+    grad = lambda conv: jax.grad(lambda W: conv(X, W, b).sum())(W)
+    np.testing.assert_allclose(grad(d2l.conv2d), grad(d2l.conv2d_xla), rtol=1e-5, atol=1e-4)
+
+
+def test_conv2d_picks_im2col_on_cpu():
+    """On CPU the compiled conv2d is a matrix product (im2col), not XLA's convolution."""
+    X, W, b = jnp.ones((2, 8, 8, 1)), jnp.ones((3, 3, 1, 4)), jnp.zeros(4)
+    cpu = jax.jit(d2l.conv2d).lower(X, W, b).compile().as_text()
+    assert "convolution(" not in cpu and "dot(" in cpu
 
 
 def test_ring_allreduce_equals_psum_pmap_and_shard_map():
@@ -61,16 +72,15 @@ def test_split_batch_shapes_and_error_names_sizes():
         d2l.split_batch(*batch(250), N)
 
 
-@pytest.mark.parametrize("conv", [d2l.conv2d, d2l.conv2d_im2col])
-def test_k_data_parallel_steps_equal_single_device_steps(conv):
+def test_k_data_parallel_steps_equal_single_device_steps():
     """3 steps of train_batch on 8 devices == 3 single-device SGD steps on the same batches."""
     params = d2l.init_lenet_params(jax.random.key(0))
     single, parallel = params, d2l.replicate(params, d2l.devices(N))
     for k in range(3):
         X, y = batch(64, seed=k)
-        grads = jax.grad(d2l.loss_fn)(single, X, y, conv)
+        grads = jax.grad(d2l.loss_fn)(single, X, y)
         single = [p - 0.1 * g for p, g in zip(single, grads)]
-        parallel, _ = d2l.train_batch(parallel, X, y, N, 0.1, conv)
+        parallel, _ = d2l.train_batch(parallel, X, y, N, 0.1)
     for s, p in zip(single, parallel):
         assert all(bool((p[i] == p[0]).all()) for i in range(N))  # replicas never drift
         np.testing.assert_allclose(p[0], s, atol=ATOL)
@@ -78,11 +88,11 @@ def test_k_data_parallel_steps_equal_single_device_steps(conv):
 
 def test_train_small_run_learns_and_nan_stops():
     data = d2l.FashionMNIST(64, num_train=1024, num_val=256)
-    params, history, _ = d2l.train(N, 64, 0.1, 2, data, d2l.conv2d_im2col)
-    assert len(history) == 2 and history[-1]["test_acc"] > 0.3
-    assert history[-1]["loss"] < history[0]["loss"] or history[-1]["loss"] < 2.0
+    params, history, _ = d2l.train(N, 64, 0.1, 3, data)
+    assert len(history) == 3 and history[-1]["test_acc"] > 0.6
+    assert history[-1]["loss"] < 1.2  # ln 10 = 2.30 at the start
     with pytest.raises(FloatingPointError, match="lr=1e\\+30.*try lr=1e\\+29"):
-        d2l.train(N, 64, 1e30, 1, data, d2l.conv2d_im2col)
+        d2l.train(N, 64, 1e30, 1, data)
 
 
 def run_cli(*args):
@@ -94,15 +104,42 @@ def run_cli(*args):
 @pytest.mark.parametrize("args,message", [
     (["train", "--devices", "1,16"], "only 8 simulated CPU devices exist; pass --cpu-devices 16"),
     (["train", "--batch-size", "250"], "250 does not divide evenly over 8 devices"),
-    (["train", "--epochs", "0"], "must be positive"),
-    (["train", "--lr", "-0.1"], "must be positive"),
+    (["train", "--epochs", "0"], "--epochs: must be a finite number > 0, got 0"),
+    (["train", "--epochs", "-2"], "--epochs: must be a finite number > 0, got -2"),
+    (["train", "--lr", "-0.1"], "--lr: must be a finite number > 0"),
+    (["train", "--lr", "nan"], "--lr: must be a finite number > 0, got nan"),
+    (["train", "--lr", "inf"], "--lr: must be a finite number > 0, got inf"),
+    (["train", "--batch-size", "0"], "--batch-size: must be a finite number > 0"),
     (["train", "--devices", "two"], "integers or 'all'"),
+    (["train", "--out", "/dev/null/runs"], "cannot write into --out /dev/null/runs"),
     (["frobnicate"], "unknown command"),
 ])
-def test_cli_bad_arguments_exit_2_with_message(args, message):
+def test_cli_bad_arguments_exit_non_zero_with_one_message(args, message, tmp_path):
     result = run_cli(*args)
-    assert result.returncode == 2, result.stderr
+    assert result.returncode in (1, 2), result.stderr
     assert message in result.stderr
+    assert "Traceback" not in result.stderr + result.stdout
+
+
+def test_cli_out_that_is_a_file_is_refused_before_training(tmp_path):
+    taken = tmp_path / "results"
+    taken.write_text("keep me")
+    result = run_cli("train", "--out", str(taken))
+    assert result.returncode == 1 and "is a file, not a folder" in result.stderr
+    assert taken.read_text() == "keep me" and "Traceback" not in result.stderr
+
+
+def test_cli_missing_data_prints_the_three_ways_without_a_traceback(tmp_path):
+    env = {"D2L_MULTI_DATA": str(tmp_path / "empty"), "XDG_CACHE_HOME": str(tmp_path)}
+    code = ("import urllib.request, d2l_multi.__main__ as m\n"
+            "def offline(*a, **k): raise OSError('network is unreachable')\n"
+            "urllib.request.urlopen = offline\n"
+            "raise SystemExit(m.main(['train', '--epochs', '1', '--out', %r]))" % str(tmp_path))
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                            env={**os.environ, **env}, timeout=300)
+    assert result.returncode == 1, result.stderr
+    assert "Provide the data in one of three ways" in result.stderr
+    assert "Traceback" not in result.stderr
 
 
 @pytest.mark.skipif(not os.environ.get("D2L_MULTI_DATA"), reason="needs the data locally")
@@ -110,6 +147,7 @@ def test_cli_train_smoke_writes_table_and_plots(tmp_path):
     result = run_cli("train", "--devices", "1,8", "--epochs", "1", "--out", str(tmp_path))
     assert result.returncode == 0, result.stderr
     assert "devices  batch     lr sec/epoch test acc" in result.stdout
+    assert "8 cpu devices · epoch 1/1" in result.stderr  # the progress bar names the run
     for name in ("accuracy.png", "sec_per_epoch.png", "results.json"):
         assert (tmp_path / name).stat().st_size > 100
     assert (tmp_path / "accuracy.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

@@ -1,18 +1,38 @@
 """Code written for d2l's JAX API runs with ``import d2l_multi as d2l``."""
+import inspect
 import os
 
+import jax
 import pytest
 
 import d2l_multi as d2l
 
-NAMES = ["Timer", "Accumulator", "Animator", "FashionMNIST", "try_all_gpus", "try_gpu",
-         "num_gpus", "split_batch", "train_batch", "load_data_fashion_mnist", "show_images",
-         "set_axes", "use_svg_display", "evaluate_accuracy", "train", "allreduce"]
+# d2l's names and the leading parameters d2l gives them (d2l.ai, JAX edition and the
+# multi-GPU chapter); ours may add keyword parameters after these, never reorder them.
+SIGNATURES = {
+    "Timer": [], "Accumulator": ["n"],
+    "Animator": ["xlabel", "ylabel", "legend", "xlim", "ylim", "xscale", "yscale", "fmts",
+                 "nrows", "ncols", "figsize"],
+    "FashionMNIST": ["batch_size", "resize"],
+    "load_data_fashion_mnist": ["batch_size", "resize"],
+    "show_images": ["imgs", "num_rows", "num_cols", "titles", "scale"],
+    "set_axes": ["axes", "xlabel", "ylabel", "xlim", "ylim", "xscale", "yscale", "legend"],
+    "use_svg_display": [], "try_gpu": ["i"], "try_all_gpus": [], "num_gpus": [],
+    "split_batch": ["X", "y"], "train": ["num_devices", "batch_size", "lr"],
+}
 
 
-@pytest.mark.parametrize("name", NAMES)
-def test_d2l_names_exist(name):
-    assert callable(getattr(d2l, name))
+@pytest.mark.parametrize("name", sorted(SIGNATURES))
+def test_d2l_names_take_d2l_arguments_in_d2l_order(name):
+    params = list(inspect.signature(getattr(d2l, name)).parameters)
+    assert params[:len(SIGNATURES[name])] == SIGNATURES[name]
+
+
+def test_device_helpers_answer_like_d2l():
+    assert d2l.num_gpus() == len([d for d in jax.devices() if d.platform != "cpu"])
+    assert d2l.try_all_gpus() == d2l.devices() and len(d2l.try_all_gpus()) >= 1
+    assert d2l.try_gpu() == d2l.devices()[0]
+    assert d2l.try_gpu(10_000).platform == "cpu"  # no such device: the CPU, as in d2l
 
 
 @pytest.mark.skipif(not os.environ.get("D2L_MULTI_DATA"), reason="needs D2L_MULTI_DATA")

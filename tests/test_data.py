@@ -153,11 +153,75 @@ def test_batches_iterate_shuffle_and_drop_last():
     assert np.array_equal(np.concatenate([b[1] for b in dm.Batches(X, y, 4)]), y)
 
 
+def epoch_orders(data, new_loader_every_epoch, epochs=3):
+    loader = data.get_dataloader(train=True)
+    orders = []
+    for _ in range(epochs):
+        if new_loader_every_epoch:
+            loader = data.get_dataloader(train=True)
+        orders.append(np.concatenate([yb for _, yb in loader]).tolist())
+    return orders
+
+
+@pytest.mark.parametrize("new_loader_every_epoch", [False, True])
+def test_every_epoch_is_reshuffled_reproducibly_from_the_seed(tiny, new_loader_every_epoch):
+    """d2l's pattern (one loader iterated every epoch) and a new loader per epoch both see a
+    new order every epoch; the same seed gives the same orders, another seed others."""
+    tiny_module = type("Tiny", (d2l.FashionMNIST,), {"name": "tiny", "smoke_sizes": (20, 10)})
+    make = lambda seed: tiny_module(batch_size=4, data_dir=tiny["source"],  # noqa: E731
+                                    seed=seed)
+    orders = epoch_orders(make(0), new_loader_every_epoch)
+    assert all(sorted(o) == sorted(orders[0]) for o in orders)   # each a permutation
+    assert len({tuple(o) for o in orders}) == 3                 # three different orders
+    assert orders == epoch_orders(make(0), new_loader_every_epoch)  # reproducible
+    assert orders != epoch_orders(make(1), new_loader_every_epoch)  # the seed matters
+
+
+@pytest.mark.parametrize("kwargs,message", [
+    ({"batch_size": 0}, "batch_size must be a positive integer, got 0"),
+    ({"batch_size": 2.5}, "batch_size must be a positive integer"),
+    ({"resize": (0, 28)}, r"resize=\(0, 28\).*two positive integers"),
+    ({"resize": (-5, 28)}, r"resize=\(-5, 28\)"),
+    ({"resize": (28,)}, r"resize=\(28,\)"),
+    ({"num_train": -10}, r"num_train=-10: pass a number of examples from 1 to 20"),
+    ({"num_train": 0}, r"num_train=0"),
+    ({"num_train": 21}, r"num_train=21: pass a number of examples from 1 to 20"),
+    ({"num_val": 2.0}, r"num_val=2.0"),
+    ({"seed": -1}, "seed must be a non-negative integer"),
+])
+def test_data_module_refuses_bad_arguments(tiny, kwargs, message):
+    tiny_module = type("Tiny", (d2l.FashionMNIST,), {"name": "tiny"})
+    with pytest.raises(ValueError, match=message):
+        tiny_module(**{"batch_size": 4, "data_dir": tiny["source"], **kwargs})
+
+
+def test_a_training_set_smaller_than_one_batch_is_refused(tiny):
+    tiny_module = type("Tiny", (d2l.FashionMNIST,), {"name": "tiny"})
+    data = tiny_module(batch_size=64, data_dir=tiny["source"])
+    with pytest.raises(ValueError, match=r"training set has 20 examples, fewer than one batch "
+                                         r"of 64.*at most 20"):
+        data.get_dataloader(train=True, drop_last=True)
+    with pytest.raises(ValueError, match="batch_size must be a positive integer, got -3"):
+        data.get_dataloader(train=False, batch_size=-3)
+
+
+def test_smoke_switch_shrinks_the_data(tiny, monkeypatch):
+    tiny_module = type("Tiny", (d2l.FashionMNIST,), {"name": "tiny", "smoke_sizes": (8, 4)})
+    monkeypatch.setenv(d2l.SMOKE_ENV, "1")
+    data = tiny_module(batch_size=4, data_dir=tiny["source"])
+    assert len(data.train[0]) == 8 and len(data.val[0]) == 4
+    assert len(tiny_module(4, data_dir=tiny["source"], num_train=5).train[0]) == 5
+    monkeypatch.setenv(d2l.SMOKE_ENV, "0")
+    data = tiny_module(batch_size=4, data_dir=tiny["source"])
+    assert len(data.train[0]) == 20 and len(data.val[0]) == 10
+
+
 real = pytest.mark.skipif(not os.environ.get(dm.DATA_ENV), reason="needs D2L_MULTI_DATA")
 
 
 @real
-def test_real_fashion_mnist():
+def test_real_fashion_mnist(monkeypatch):
+    monkeypatch.delenv(d2l.SMOKE_ENV, raising=False)  # all the data
     data = d2l.FashionMNIST(batch_size=256)
     (X, y), (Xt, yt) = data.train, data.val
     assert X.shape == (60000, 28, 28, 1) and Xt.shape == (10000, 28, 28, 1)
@@ -173,7 +237,8 @@ def test_real_fashion_mnist():
 
 
 @real
-def test_real_mnist_and_d2l_style_api():
+def test_real_mnist_and_d2l_style_api(monkeypatch):
+    monkeypatch.delenv(d2l.SMOKE_ENV, raising=False)  # all the data
     mnist = d2l.MNIST(batch_size=128)
     assert mnist.train[0].shape == (60000, 28, 28, 1) and mnist.text_labels([3]) == ["3"]
     train_iter, test_iter = d2l.load_data_fashion_mnist(1000)

@@ -1,6 +1,10 @@
-"""Devices: simulation before JAX starts, clear errors after, accelerators never hidden."""
+"""Devices: simulation before JAX starts, clear errors after, the choice between accelerators
+and simulated CPU devices, and a package whose import is light and order-free."""
+import pathlib
+import random
 import subprocess
 import sys
+from types import SimpleNamespace
 
 import jax
 import pytest
@@ -8,17 +12,43 @@ import pytest
 import d2l_multi as d2l
 
 
-def run_python(code):
+def run_python(code, timeout=120):
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                            timeout=120)
+                            timeout=timeout)
     assert result.returncode == 0, result.stderr
     return result.stdout
 
 
-def test_import_does_not_start_jax():
-    out = run_python("import d2l_multi\nfrom jax._src import xla_bridge\n"
+def test_import_does_not_start_jax_nor_load_heavy_libraries():
+    out = run_python("import sys, d2l_multi\n"
+                     "print(sorted(m for m in ('jax', 'flax', 'optax', 'orbax', 'grain', "
+                     "'keras', 'matplotlib') if m in sys.modules))\n"
+                     "import jax\nfrom jax._src import xla_bridge\n"
                      "print(xla_bridge.backends_are_initialized())")
-    assert out.strip() == "False"
+    assert out.split() == ["[]", "False"]
+
+
+def test_names_are_listed_and_load_on_first_use():
+    out = run_python("import sys, d2l_multi as d2l\n"
+                     "print('TransformerLM' in dir(d2l), 'flax' in sys.modules)\n"
+                     "d2l.TransformerLM\nprint('flax' in sys.modules)")
+    assert out.split() == ["True", "False", "True"]
+    with pytest.raises(AttributeError, match="no attribute 'no_such_name'"):
+        d2l.no_such_name
+
+
+def test_modules_import_in_any_order():
+    """Nothing depends on the order in which the package's modules are imported."""
+    modules = sorted(p.stem for p in pathlib.Path(d2l.__file__).parent.glob("*.py")
+                     if p.stem not in ("__init__", "__main__"))
+    for seed in range(3):
+        order = random.Random(seed).sample(modules, len(modules))
+        code = ("import importlib, types, d2l_multi as d2l\n"
+                f"for m in {order!r}:\n    importlib.import_module('d2l_multi.' + m)\n"
+                "bad = [n for n in d2l.__all__ if isinstance(getattr(d2l, n), types.ModuleType)]\n"
+                "print(len(d2l.__all__), bad)")
+        count, bad = run_python(code, timeout=300).split(maxsplit=1)
+        assert int(count) == len(d2l.__all__) and bad.strip() == "[]", order
 
 
 def test_simulate_devices_in_a_fresh_process():
@@ -29,9 +59,10 @@ def test_simulate_devices_in_a_fresh_process():
         "try:\n    d2l.simulate_devices(2)\n"
         "except RuntimeError as e:\n    print('ERR', e)\n")
     lines = out.strip().splitlines()
-    assert lines[:2] == ["4", "4"]
-    assert lines[2].startswith("ERR JAX has already started with 4 CPU device(s)")
-    assert "Restart the kernel" in lines[2] and "simulate_devices(2)" in lines[2]
+    assert lines[0] == "d2l_multi: using 4 CPU devices (no accelerator found)"  # said once
+    assert lines[1:3] == ["4", "4"]
+    assert lines[3].startswith("ERR JAX has already started with 4 CPU device(s)")
+    assert "Restart the kernel" in lines[3] and "simulate_devices(2)" in lines[3]
 
 
 @pytest.mark.parametrize("bad", [0, -1, 2.5, True, "8"])
@@ -40,10 +71,27 @@ def test_simulate_devices_rejects_bad_counts(bad):
         d2l.simulate_devices(bad)
 
 
+def fake(platform, n):
+    return [SimpleNamespace(platform=platform, id=i) for i in range(n)]
+
+
+@pytest.mark.parametrize("gpus,chosen,reason", [
+    (0, "cpu", "8 CPU devices (no accelerator found)"),
+    (1, "cpu", "8 simulated CPU devices: with a single GPU there is nothing to split over "
+               "(it stays available as jax.devices('gpu')[0])"),
+    (2, "gpu", "2 GPU devices"),
+    (8, "gpu", "8 GPU devices"),
+])
+def test_the_chapter_uses_accelerators_only_when_there_are_at_least_two(gpus, chosen, reason):
+    devices, why = d2l.choose_devices(fake("gpu", gpus), fake("cpu", 8))
+    assert {d.platform for d in devices} == {chosen} and why == reason
+    assert len(devices) == (gpus if chosen == "gpu" else 8)
+
+
 def test_device_lists():
     devs = d2l.try_all_gpus()
     assert devs and devs == jax.devices()        # never [] on a CPU-only machine
-    assert d2l.try_gpu() in jax.devices() + jax.devices("cpu")
+    assert d2l.try_gpu() == devs[0]
     assert d2l.try_gpu(1000).platform == "cpu"
     assert d2l.devices() == devs and d2l.devices(2) == devs[:2]
     assert d2l.num_gpus() == len([d for d in devs if d.platform != "cpu"])
@@ -51,10 +99,23 @@ def test_device_lists():
 
 
 def test_devices_error_names_count_and_fix():
-    n = len(jax.devices())
+    n = len(d2l.devices())
     with pytest.raises(ValueError, match=rf"asked for 99 devices but JAX sees only {n}") as e:
         d2l.devices(99)
-    if jax.devices()[0].platform == "cpu":
+    if d2l.devices()[0].platform == "cpu":
         assert "simulate_devices(99)" in str(e.value)
     with pytest.raises(ValueError, match="positive integer"):
         d2l.devices(0)
+
+
+@pytest.mark.parametrize("shape,axis_names,message", [
+    ((3, 2, 2), None, r"mesh shape \(3, 2, 2\) has 3 axes but axis_names \(\) has 0"),
+    ((2, 4), ("data",), "has 2 axes but axis_names"),
+    ((0,), None, "sizes must be positive integers"),
+    ((-1, -1), None, "at most one -1"),
+    ((3, -1), None, r"needs a multiple of 3 devices but there are 8.*\(2, 4\)"),
+    ((16,), None, "asked for 16 devices"),
+])
+def test_device_mesh_refuses_bad_shapes(shape, axis_names, message):
+    with pytest.raises(ValueError, match=message):
+        d2l.device_mesh(shape, axis_names)

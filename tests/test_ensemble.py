@@ -190,5 +190,5 @@ def test_ensemble_size_must_be_a_positive_integer(bad):
 def test_stacked_ensemble_needs_a_model_axis():
     with pytest.raises(ValueError) as e:
         d2l.create_stacked_ensemble(jax.random.split(jax.random.key(0), 8), LR, MOMENTUM,
-                                    d2l.data_mesh())
+                                    d2l.device_mesh())
     assert "'model'" in str(e.value) and "('data',)" in str(e.value)

@@ -41,7 +41,7 @@ def batches():
 
 @pytest.fixture(scope="module")
 def mesh():
-    return d2l.data_mesh(NUM_DEVICES)
+    return d2l.device_mesh((NUM_DEVICES,))
 
 
 # ----- LeNet from scratch: single device vs pmap vs jit + NamedSharding vs shard_map -----

@@ -1,4 +1,5 @@
 """d2l's helpers: Timer, Accumulator, Animator (headless PNG), image grids, the smoke switch."""
+import re
 import time
 
 import numpy as np
@@ -41,7 +42,7 @@ def test_animator_collects_points_and_saves_png(tmp_path):
     path = animator.save(tmp_path / "curve.png")
     data = path.read_bytes()
     assert data[:8] == PNG and len(data) > 2000
-    assert [line.get_label() for line in animator.axes[0].get_legend().get_texts()] or True
+    assert [t.get_text() for t in animator.axes[0].get_legend().get_texts()] == ["train", "test"]
 
 
 def test_animator_many_axes_and_scales(tmp_path):
@@ -65,3 +66,43 @@ def test_smoke_switch(monkeypatch):
         assert not d2l.smoke() and d2l.pick(10, 1) == 10
     monkeypatch.delenv(d2l.SMOKE_ENV)
     assert d2l.pick(10, 1) == 10  # unset: the real, full run
+
+
+def test_shrink_caps_only_in_smoke_mode(monkeypatch):
+    monkeypatch.setenv(d2l.SMOKE_ENV, "1")
+    assert d2l.shrink(None, 100) == 100 and d2l.shrink(50, 100) == 50
+    assert d2l.shrink(500, 100) == 100
+    monkeypatch.delenv(d2l.SMOKE_ENV)
+    assert d2l.shrink(None, 100) is None and d2l.shrink(500, 100) == 500
+
+
+@pytest.mark.parametrize("kwargs,message", [
+    ({"lr": 0}, "lr must be a finite positive number, got 0"),
+    ({"lr": float("nan")}, "lr must be a finite positive number, got nan"),
+    ({"lr": float("inf")}, "got inf"),
+    ({"lr": "0.1"}, "got '0.1'"),
+    ({"num_epochs": 2.5}, "num_epochs must be a positive integer, got 2.5"),
+    ({"num_epochs": 0}, "num_epochs must be a positive integer, got 0"),
+    ({"batch_size": True}, "batch_size must be a positive integer, got True"),
+])
+def test_check_positive_names_the_value(kwargs, message):
+    with pytest.raises(ValueError, match=re.escape(message)):
+        d2l.check_positive(**kwargs)
+    d2l.check_positive(lr=0.1, num_epochs=3, batch_size=256)  # fine: no error
+
+
+def test_max_difference_over_pytrees():
+    a = {"w": np.ones((2, 2)), "b": [np.zeros(3), np.float32(1.0)]}
+    b = {"w": np.ones((2, 2)) + 1e-3, "b": [np.full(3, -0.5), np.float32(1.25)]}
+    assert d2l.max_difference(a, b) == pytest.approx(0.5)
+    assert d2l.max_difference(a, a) == 0.0
+
+
+def test_time_call_returns_the_median_and_waits():
+    calls = []
+    def f(x):
+        calls.append(x)
+        time.sleep(0.01 * (len(calls) == 3))  # one slow call must not move the median
+        return x
+    assert d2l.time_call(f, 1, repeat=5, warmup=2) < 0.005
+    assert len(calls) == 7

@@ -2,8 +2,6 @@
 loader whose position (the iterator state) can be saved and restored with a checkpoint."""
 import grain
 
-__all__ = ["ArraySource", "grain_loader"]
-
 
 class ArraySource:
     """A Grain data source over two arrays: record ``i`` is ``(X[i], y[i])``."""

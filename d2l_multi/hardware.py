@@ -1,0 +1,144 @@
+"""Devices: simulate CPU devices, choose the devices the chapter runs on, build meshes.
+
+Nothing here runs at import time: JAX's backend starts only when a function is called, so a
+reader can import ``d2l_multi`` and still choose how many devices to simulate.
+"""
+import math
+
+_choice = None  # (devices, reason), decided once per process by ``devices()``
+
+
+def _jax():
+    import jax
+    return jax
+
+
+def simulate_devices(n=8):
+    """Make JAX expose ``n`` CPU devices; call before any JAX computation.
+
+    Accelerators are never hidden. Returns the devices the chapter will use (``devices()``):
+    the accelerators when there are at least two, otherwise the ``n`` CPU devices.
+    """
+    if isinstance(n, bool) or not isinstance(n, int) or n < 1:
+        raise ValueError(f"simulate_devices needs a positive integer, got {n!r}")
+    jax = _jax()
+    try:
+        jax.config.update("jax_num_cpu_devices", n)
+    except RuntimeError:
+        have = len(jax.devices("cpu"))
+        if have != n:
+            raise RuntimeError(
+                f"JAX has already started with {have} CPU device(s), so it cannot switch to "
+                f"{n} now. Restart the kernel (or Python process) and call "
+                f"d2l_multi.simulate_devices({n}) before any other JAX code runs "
+                f"(or set JAX_NUM_CPU_DEVICES={n} before starting Python).") from None
+    return devices()
+
+
+def choose_devices(accelerators, cpus):
+    """The devices the chapter runs on, and why: the accelerators when there are at least two;
+    otherwise the (simulated) CPU devices, so that "N devices" means more than one."""
+    accelerators, cpus = list(accelerators), list(cpus)
+    if len(accelerators) >= 2:
+        return accelerators, f"{len(accelerators)} {accelerators[0].platform.upper()} devices"
+    if accelerators:
+        kind = accelerators[0].platform
+        return cpus, (f"{len(cpus)} simulated CPU devices: with a single {kind.upper()} there "
+                      f"is nothing to split over (it stays available as "
+                      f"jax.devices({kind!r})[0])")
+    return cpus, f"{len(cpus)} CPU devices (no accelerator found)"
+
+
+def _chosen():
+    global _choice
+    if _choice is None:
+        jax = _jax()
+        accelerators = [d for d in jax.devices() if d.platform != "cpu"]
+        chosen, reason = choose_devices(accelerators, jax.devices("cpu"))
+        if accelerators and chosen[0].platform == "cpu":
+            jax.config.update("jax_default_device", chosen[0])  # single-device work too
+        _choice = chosen, reason
+        print(f"d2l_multi: using {reason}")
+    return _choice[0]
+
+
+def num_gpus():
+    """Return the number of accelerators (GPUs or TPUs); 0 on a CPU-only machine."""
+    return len([d for d in _jax().devices() if d.platform != "cpu"])
+
+
+def try_all_gpus():
+    """Return the devices the chapter uses (``devices()``); never ``[]``, unlike d2l's."""
+    return devices()
+
+
+def try_gpu(i=0):
+    """Return device ``i`` of ``devices()`` if it exists, else the first CPU device."""
+    devs = devices()
+    return devs[i] if 0 <= i < len(devs) else _jax().devices("cpu")[0]
+
+
+def devices(n=None):
+    """Return the first ``n`` devices the chapter uses (all when ``n`` is None).
+
+    Those are the accelerators when there are at least two, otherwise the CPU devices
+    (``simulate_devices``); the choice is made, and printed, once.
+    """
+    devs = _chosen()
+    if n is None:
+        return list(devs)
+    if isinstance(n, bool) or not isinstance(n, int) or n < 1:
+        raise ValueError(f"the number of devices must be a positive integer, got {n!r}")
+    if n > len(devs):
+        kind = devs[0].platform.upper()
+        hint = (f"Simulate more CPU devices: restart Python and call "
+                f"d2l_multi.simulate_devices({n}) first (or set JAX_NUM_CPU_DEVICES={n})."
+                if kind == "CPU" else "Use at most that many.")
+        raise ValueError(f"asked for {n} devices but JAX sees only {len(devs)} {kind} "
+                         f"device(s). {hint}")
+    return list(devs[:n])
+
+
+_first_devices = devices  # device_mesh's argument ``devices`` hides the function
+
+
+def describe(devs):
+    """A short human label for a list of devices, e.g. ``'8 cpu devices'``."""
+    kinds = sorted({d.platform for d in devs})
+    return f"{len(devs)} {'/'.join(kinds)} device{'s' if len(devs) != 1 else ''}"
+
+
+def device_mesh(shape=(-1,), axis_names=None, devices=None):
+    """A mesh with Auto axes over ``devices`` (default: the first ones of ``d2l.devices()``).
+
+    One size in ``shape`` may be -1, meaning 'the remaining devices': ``(-1,)`` is a 1-D mesh
+    over all devices, ``(2, -1)`` on 8 devices is (2, 4); ``(4,)`` uses the first 4. The axes
+    are named ``('data',)`` or ``('data', 'model')`` unless ``axis_names`` says otherwise.
+    """
+    jax = _jax()
+    shape = tuple(shape)
+    if axis_names is None:
+        axis_names = ("data", "model")[:len(shape)] if len(shape) <= 2 else ()
+    axis_names = tuple(axis_names)
+    if len(shape) != len(axis_names):
+        raise ValueError(f"mesh shape {shape} has {len(shape)} axes but axis_names "
+                         f"{axis_names} has {len(axis_names)}; give one size per name")
+    if any(isinstance(s, bool) or not isinstance(s, int) or (s < 1 and s != -1)
+           for s in shape) or shape.count(-1) > 1:
+        raise ValueError(f"mesh shape {shape}: sizes must be positive integers, with at most "
+                         f"one -1 (the remaining devices), e.g. (8,) or (2, -1)")
+    if devices is None:
+        devices = _first_devices(None if -1 in shape else math.prod(shape))
+    devices = list(devices)
+    n, known = len(devices), math.prod(s for s in shape if s != -1)
+    if -1 in shape and n % known == 0:
+        shape = tuple(n // known if s == -1 else s for s in shape)
+    if -1 in shape or math.prod(shape) != n:
+        need = f"a multiple of {known}" if -1 in shape else math.prod(shape)
+        examples = ", ".join(str((a, n // a)) for a in range(1, n + 1) if n % a == 0)
+        raise ValueError(
+            f"a mesh of shape {shape} needs {need} devices but there are {n}; choose axis "
+            f"sizes whose product is {n}, e.g. {examples}, or write -1 for one axis to give "
+            f"it the remaining devices, e.g. (2, -1)")
+    auto = jax.sharding.AxisType.Auto
+    return jax.make_mesh(shape, axis_names, axis_types=(auto,) * len(shape), devices=devices)
