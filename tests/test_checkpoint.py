@@ -293,7 +293,7 @@ def test_a_checkpoint_without_iterator_says_so(tmp_path, run):
 
 
 def test_abstract_like_checks_specs_against_the_mesh(run):
-    with pytest.raises(ValueError, match=r"does not split evenly"):
+    with pytest.raises(ValueError, match=r"does not divide evenly"):
         d2l.abstract_like({"w": jax.ShapeDtypeStruct((10, 3), jnp.float32)}, run["mesh"],
                           {"w": P(None, "model")})
     with pytest.raises(ValueError, match=r"mesh has only the axes \('data', 'model'\)"):

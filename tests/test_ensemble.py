@@ -162,17 +162,17 @@ def test_stacked_size_must_divide_over_the_model_axis():
         d2l.create_stacked_ensemble(jax.random.split(jax.random.key(0), 12), LR, MOMENTUM,
                                     model_mesh())
     message = str(e.value)
-    assert "ensemble of 12 models" in message and "8 devices" in message
-    assert "e.g. 8 or 16" in message
+    assert "ensemble of 12 does not divide evenly over 8 devices" in message
+    assert "e.g. 8 or 16 models" in message
     assert "'model' axis of 4 devices" in message and "(4, 2) mesh" in message
 
 
 @pytest.mark.parametrize("members,devices,fix", [
-    (3, 8, "e.g. 8, or a 'model' axis of 1 device (a divisor of 3)"),
-    (6, 4, "e.g. 4 or 8, or a 'model' axis of 2 devices"),
+    (3, 8, "e.g. 8 models, or a 'model' axis of 1 device (a divisor of 3)"),
+    (6, 4, "e.g. 4 or 8 models, or a 'model' axis of 2 devices"),
 ])
 def test_check_ensemble_size_suggestions(members, devices, fix):
-    with pytest.raises(ValueError, match=f"ensemble of {members} models"):
+    with pytest.raises(ValueError, match=f"ensemble of {members} does not divide"):
         d2l.check_ensemble_size(members, devices)
     with pytest.raises(ValueError) as e:
         d2l.check_ensemble_size(members, devices)

@@ -287,12 +287,15 @@ def test_transformer_memory_uses_the_model_and_the_dtype():
 
 def test_mesh_whose_sizes_do_not_multiply_to_the_device_count():
     n = len(jax.devices())
+    assert list(d2l.device_mesh((3, 2)).devices.flat) == jax.devices()[:6]  # the first 6
+    with pytest.raises(ValueError, match=f"asked for 16 devices but JAX sees only {n}"):
+        d2l.device_mesh((4, 4))
     with pytest.raises(ValueError) as e:
-        d2l.device_mesh((3, 2))
+        d2l.device_mesh((3, 2), devices=jax.devices())
     message = str(e.value)
     assert f"(3, 2) needs 6 devices but there are {n}" in message
     assert f"(2, {n // 2})" in message and "-1" in message
-    with pytest.raises(ValueError, match="needs"):
+    with pytest.raises(ValueError, match="needs a multiple of 3"):
         d2l.device_mesh((3, -1))
     with pytest.raises(ValueError, match="one size per name"):
         d2l.device_mesh((2, 2, 2))

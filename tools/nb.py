@@ -3,6 +3,7 @@ equal to the library.
 
     python tools/nb.py build SRC.py chapters/NN_name.ipynb   # percent .py -> notebook, no outputs
     python tools/nb.py source chapters/NN_name.ipynb SRC.py  # notebook -> percent .py, to edit
+    python tools/nb.py sync chapters/NN_name.ipynb           # #@save cells <- library source
 
 In a source, a line ``#@src name1 name2`` is replaced by the library's source of those
 ``d2l_multi`` functions/classes (separated by blank lines), so a ``#@save`` cell is written as
@@ -43,11 +44,38 @@ def build(src, dst):
     tmp.replace(dst)
 
 
+def sync(nb_path):
+    """Rewrite every function or class of the notebook's ``#@save`` cells with the library's
+    current source; print the names the library no longer has."""
+    import ast
+    import json
+    import d2l_multi
+    nb = json.loads(pathlib.Path(nb_path).read_text())
+    for cell in nb["cells"]:
+        src = "".join(cell["source"])
+        if cell["cell_type"] != "code" or not src.lstrip().startswith("#@save"):
+            continue
+        lines = src.splitlines()
+        for node in reversed(ast.parse(src).body):
+            if not isinstance(node, (ast.FunctionDef, ast.ClassDef)):
+                continue
+            if not hasattr(d2l_multi, node.name):
+                print(f"{nb_path}: {node.name} is not in d2l_multi")
+                continue
+            start = (node.decorator_list[0] if node.decorator_list else node).lineno
+            new = inspect.getsource(inspect.unwrap(getattr(d2l_multi, node.name))).rstrip("\n")
+            lines[start - 1:node.end_lineno] = new.splitlines()
+        text = "\n".join(lines)
+        cell["source"] = [line + "\n" for line in text.split("\n")]
+        cell["source"][-1] = cell["source"][-1].rstrip("\n")
+    pathlib.Path(nb_path).write_text(json.dumps(nb, indent=1, ensure_ascii=False) + "\n")
+
+
 def source(nb_path, dst):
     nb = jupytext.read(nb_path)
     jupytext.write(nb, dst, fmt="py:percent")
 
 
 if __name__ == "__main__":
-    cmd, a, b = sys.argv[1:4]
-    {"build": build, "source": source}[cmd](a, b)
+    cmd, *paths = sys.argv[1:]
+    {"build": build, "source": source, "sync": sync}[cmd](*paths)
