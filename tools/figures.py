@@ -1,0 +1,193 @@
+"""Draw the chapter's diagrams as SVG files in chapters/img/ (run from the project root).
+
+    python tools/figures.py            # all figures
+    python tools/figures.py ring       # the figures whose name contains 'ring'
+
+Text is stored as paths, so the files render the same everywhere, with no font to fetch.
+"""
+import pathlib
+import sys
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+from matplotlib.patches import FancyArrowPatch, FancyBboxPatch  # noqa: E402
+
+OUT = pathlib.Path(__file__).resolve().parent.parent / "chapters" / "img"
+DEVICE = ["#4C72B0", "#DD8452", "#55A868", "#C44E52"]     # one colour per device
+LIGHT = ["#C9D6EA", "#F5D5BF", "#C6E3CD", "#EDC3C4"]
+GREY, INK = "#E6E6E6", "#222222"
+plt.rcParams.update({"svg.fonttype": "path", "font.size": 10, "font.family": "DejaVu Sans"})
+
+
+def canvas(width, height):
+    fig = plt.figure(figsize=(width, height))
+    ax = fig.add_axes([0, 0, 1, 1])
+    ax.set_xlim(0, width), ax.set_ylim(0, height), ax.axis("off")
+    return fig, ax
+
+
+def box(ax, x, y, w, h, text="", face=GREY, edge=INK, size=10, weight="normal", lw=1.0,
+        style="round,pad=0.02,rounding_size=0.06", color=INK):
+    ax.add_patch(FancyBboxPatch((x, y), w, h, boxstyle=style, facecolor=face, edgecolor=edge,
+                                linewidth=lw))
+    if text:
+        ax.text(x + w / 2, y + h / 2, text, ha="center", va="center", fontsize=size,
+                weight=weight, color=color)
+
+
+def arrow(ax, start, end, color=INK, lw=1.2, style="-|>", rad=0.0, ls="-"):
+    ax.add_patch(FancyArrowPatch(start, end, arrowstyle=style, mutation_scale=11, color=color,
+                                 linewidth=lw, linestyle=ls,
+                                 connectionstyle=f"arc3,rad={rad}", shrinkA=2, shrinkB=2))
+
+
+def save(fig, name):
+    OUT.mkdir(parents=True, exist_ok=True)
+    fig.savefig(OUT / f"{name}.svg", metadata={"Date": None})  # no date: reproducible files
+    plt.close(fig)
+
+
+def layers_column(ax, x, y0, w, h, n, faces, labels=None, gap=0.18):
+    """n stacked layer boxes from the bottom (input) up."""
+    for i in range(n):
+        box(ax, x, y0 + i * (h + gap), w, h, labels[i] if labels else f"layer {i + 1}",
+            face=faces[i], size=9)
+
+
+def split_network():
+    """Network partitioning: consecutive layers live on different devices."""
+    fig, ax = canvas(5.2, 3.4)
+    ax.text(2.6, 3.2, "Network partitioning: each device holds some layers", ha="center",
+            size=10, weight="bold")
+    faces = [LIGHT[0], LIGHT[0], LIGHT[1], LIGHT[1]]
+    layers_column(ax, 1.9, 0.55, 1.4, 0.42, 4, faces)
+    box(ax, 0.2, 0.55, 1.25, 1.0, "device 0\nlayers 1-2", face=DEVICE[0], color="white",
+        size=9)
+    box(ax, 0.2, 1.75, 1.25, 1.0, "device 1\nlayers 3-4", face=DEVICE[1], color="white",
+        size=9)
+    ax.text(2.6, 0.25, "input batch", ha="center", size=9)
+    arrow(ax, (2.6, 0.35), (2.6, 0.55))
+    arrow(ax, (3.45, 1.2), (3.45, 1.85), color=DEVICE[1], rad=-0.5)
+    ax.text(3.7, 1.55, "activations\nforward", size=8, va="center", color=DEVICE[1])
+    arrow(ax, (3.95, 1.85), (3.95, 1.2), color=DEVICE[0], rad=-0.5)
+    ax.text(4.2, 1.3, "gradients\nbackward", size=8, va="center", color=DEVICE[0])
+    save(fig, "split_network")
+
+
+def split_layers():
+    """Layer-wise partitioning: every layer's units (channels) are split over the devices."""
+    fig, ax = canvas(5.2, 3.4)
+    ax.text(2.6, 3.2, "Layer-wise partitioning: each device holds half of each layer",
+            ha="center", size=10, weight="bold")
+    for i in range(4):
+        y = 0.55 + i * 0.6
+        box(ax, 1.2, y, 1.35, 0.42, f"layer {i + 1}, half A", face=LIGHT[0], size=8)
+        box(ax, 2.65, y, 1.35, 0.42, f"layer {i + 1}, half B", face=LIGHT[1], size=8)
+        if i < 3:
+            arrow(ax, (2.1, y + 0.42), (3.1, y + 0.6), color="#777777", lw=0.8)
+            arrow(ax, (3.1, y + 0.42), (2.1, y + 0.6), color="#777777", lw=0.8)
+    ax.text(0.65, 1.6, "device 0", ha="center", color=DEVICE[0], weight="bold", size=9)
+    ax.text(4.55, 1.6, "device 1", ha="center", color=DEVICE[1], weight="bold", size=9)
+    ax.text(2.6, 0.2, "every layer exchanges activations with the other half", ha="center",
+            size=8, color="#555555")
+    save(fig, "split_layers")
+
+
+def split_data():
+    """Data parallelism: every device holds the whole model and a slice of the batch."""
+    fig, ax = canvas(5.2, 3.4)
+    ax.text(2.6, 3.2, "Data parallelism: each device holds the whole model", ha="center",
+            size=10, weight="bold")
+    for d, x in enumerate((0.55, 3.05)):
+        for i in range(4):
+            box(ax, x, 0.95 + i * 0.45, 1.6, 0.32, f"layer {i + 1}", face=LIGHT[d], size=8)
+        box(ax, x + 0.3, 0.35, 1.0, 0.36, f"batch part {d + 1}", face=DEVICE[d],
+            color="white", size=8)
+        ax.text(x + 0.8, 2.85, f"device {d}", ha="center", color=DEVICE[d], weight="bold",
+                size=9)
+    arrow(ax, (2.2, 1.85), (3.0, 1.85), style="<|-|>", color=INK)
+    ax.text(2.6, 2.0, "allreduce\ngradients", ha="center", va="bottom", size=8)
+    save(fig, "split_data")
+
+
+def data_parallel_step():
+    """One data-parallel SGD step on k = 4 devices."""
+    fig, ax = canvas(8.2, 4.2)
+    box(ax, 2.6, 3.6, 3.0, 0.42, "mini-batch of B examples", face=GREY, size=9)
+    for d in range(4):
+        x = 0.35 + d * 2.0
+        arrow(ax, (4.1, 3.6), (x + 0.8, 3.15), color="#777777", lw=0.9)
+        box(ax, x, 2.7, 1.6, 0.42, f"B/4 examples", face=DEVICE[d], color="white", size=9)
+        box(ax, x, 1.85, 1.6, 0.6, f"device {d}\nloss, gradient $g_{d}$", face=LIGHT[d],
+            size=8)
+        arrow(ax, (x + 0.8, 2.7), (x + 0.8, 2.45))
+        arrow(ax, (x + 0.8, 1.85), (x + 0.8, 1.45))
+        box(ax, x, 0.35, 1.6, 0.5, r"$w \leftarrow w - \eta\, \bar g$", face=LIGHT[d], size=9)
+        arrow(ax, (x + 0.8, 1.05), (x + 0.8, 0.85))
+    box(ax, 0.35, 1.05, 7.6, 0.4, r"allreduce: every device gets $\bar g = \frac{1}{4}"
+        r"(g_0 + g_1 + g_2 + g_3)$", face="#FFF2CC", size=9)
+    ax.text(0.1, 3.0, "split", size=8, rotation=90, va="center", color="#555555")
+    ax.text(0.1, 2.15, "compute", size=8, rotation=90, va="center", color="#555555")
+    ax.text(0.1, 0.6, "update", size=8, rotation=90, va="center", color="#555555")
+    save(fig, "data_parallel_step")
+
+
+def ring_allreduce():
+    """The ring on k = 4 devices: each sends to its right neighbour, one chunk per step."""
+    import math
+    fig, ax = canvas(8.4, 3.6)
+    centre, radius = (1.8, 1.75), 1.15
+    points = []
+    for d in range(4):
+        angle = math.pi / 2 - d * math.pi / 2
+        x, y = centre[0] + radius * math.cos(angle), centre[1] + radius * math.sin(angle)
+        points.append((x, y))
+        box(ax, x - 0.42, y - 0.26, 0.84, 0.52, f"device {d}", face=DEVICE[d],
+            color="white", size=8)
+    for d in range(4):
+        (x0, y0), (x1, y1) = points[d], points[(d + 1) % 4]
+        arrow(ax, (x0 + 0.35 * (x1 - x0), y0 + 0.35 * (y1 - y0)),
+              (x0 + 0.65 * (x1 - x0), y0 + 0.65 * (y1 - y0)), rad=0.0, lw=1.4)
+    ax.text(1.8, 0.05, "each device sends to its right neighbour", ha="center", size=8)
+    # the chunks: device d's array in 4 chunks; after reduce-scatter device d owns chunk d+1
+    ax.text(5.9, 3.35, "every device's gradient, cut into k = 4 chunks", ha="center",
+            size=9, weight="bold")
+    for d in range(4):
+        y = 2.6 - d * 0.5
+        ax.text(3.85, y + 0.17, f"device {d}", size=8, color=DEVICE[d], ha="left")
+        for c in range(4):
+            owner = c == (d + 1) % 4
+            box(ax, 4.65 + c * 0.62, y, 0.56, 0.34, f"{c}", face=DEVICE[d] if owner
+                else LIGHT[d], color="white" if owner else INK, size=8,
+                style="square,pad=0.0")
+    ax.text(5.9, 0.35, "reduce-scatter (k-1 steps): after it, device d holds the full sum of\n"
+            "chunk d+1 (dark).  all-gather (k-1 steps): the finished chunks go once\n"
+            "around the ring.  Each device sends 2(k-1) chunks of n/k values.",
+            ha="center", size=8)
+    save(fig, "ring_allreduce")
+
+
+def gather_to_one():
+    """Allreduce through one device: everyone sends to device 0, which sends the sum back."""
+    fig, ax = canvas(4.2, 3.0)
+    box(ax, 1.6, 2.2, 1.0, 0.5, "device 0", face=DEVICE[0], color="white", size=8)
+    for d, x in zip((1, 2, 3), (0.3, 1.6, 2.9)):
+        box(ax, x, 0.4, 1.0, 0.5, f"device {d}", face=DEVICE[d], color="white", size=8)
+        arrow(ax, (x + 0.35, 0.9), (2.0, 2.2), rad=0.0)
+        arrow(ax, (2.2, 2.2), (x + 0.65, 0.9), rad=0.0, ls="--", color="#777777")
+    ax.text(2.1, 2.85, "gather to one, then broadcast", ha="center", size=9, weight="bold")
+    ax.text(2.1, 0.1, "device 0 receives and sends (k-1)·n values", ha="center", size=8)
+    save(fig, "gather_to_one")
+
+
+FIGURES = [split_network, split_layers, split_data, data_parallel_step, ring_allreduce,
+           gather_to_one]
+
+if __name__ == "__main__":
+    wanted = sys.argv[1:]
+    for make in FIGURES:
+        if not wanted or any(w in make.__name__ for w in wanted):
+            make()
+            print(OUT / f"{make.__name__}.svg")
