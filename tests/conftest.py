@@ -1,5 +1,10 @@
-"""Every test process sees 8 simulated CPU devices (or the accelerators, where there are any)."""
+"""Every test process sees 8 simulated CPU devices (or the accelerators, where there are at
+least two) and cannot open a network connection beyond this machine."""
+import ipaddress
 import os
+import socket
+
+import pytest
 
 os.environ.setdefault("MPLBACKEND", "Agg")
 os.environ.setdefault("KERAS_BACKEND", "jax")
@@ -7,3 +12,31 @@ os.environ.setdefault("KERAS_BACKEND", "jax")
 import d2l_multi  # noqa: E402
 
 d2l_multi.simulate_devices(8)
+
+_connect = socket.socket.connect
+
+
+def _local(address):
+    host = address[0] if isinstance(address, tuple) else address
+    if not isinstance(host, str):
+        return True                                   # AF_UNIX paths as bytes
+    if host == "localhost" or host.startswith("/"):
+        return True
+    try:
+        return ipaddress.ip_address(host.split("%")[0]).is_loopback
+    except ValueError:
+        return False                                  # a host name: would need DNS
+
+
+def _guarded_connect(sock, address):
+    if sock.family in (socket.AF_INET, socket.AF_INET6) and not _local(address):
+        raise OSError(f"tests must not use the network (tried to connect to {address!r})")
+    return _connect(sock, address)
+
+
+@pytest.fixture(autouse=True, scope="session")
+def no_network():
+    """A test that tries to reach the network fails with an OSError instead."""
+    socket.socket.connect = _guarded_connect
+    yield
+    socket.socket.connect = _connect

@@ -106,3 +106,16 @@ def test_time_call_returns_the_median_and_waits():
         return x
     assert d2l.time_call(f, 1, repeat=5, warmup=2) < 0.005
     assert len(calls) == 7
+
+
+def test_the_tests_cannot_reach_the_network():
+    import socket
+    import urllib.request
+    with pytest.raises(OSError, match="tests must not use the network"):
+        urllib.request.urlopen("http://93.184.215.14/", timeout=5)
+    with pytest.raises(OSError, match="tests must not use the network"):
+        socket.create_connection(("8.8.8.8", 53), timeout=5)
+    with socket.socket() as server:  # loopback stays open: the multi-process tests need it
+        server.bind(("127.0.0.1", 0))
+        server.listen()
+        socket.create_connection(server.getsockname(), timeout=5).close()
