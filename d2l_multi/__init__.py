@@ -18,11 +18,10 @@ _MODULES = {  # module: the public names it holds, in the chapter's order
     "data": ["DATA_ENV", "DataError", "FashionMNIST", "MNIST", "cache_dir", "dataset_dir",
              "load_data_fashion_mnist", "load_dataset", "read_idx_gz"],
     # LeNet from scratch, allreduce, data parallelism by hand
-    "models": ["avg_pool2d", "conv2d", "conv2d_im2col", "conv2d_xla", "init_lenet_params",
-               "lenet", "loss_fn"],
+    "models": ["avg_pool2d", "conv2d", "conv2d_im2col", "conv2d_xla", "evaluate_accuracy",
+               "init_lenet_params", "lenet", "loss_fn", "num_correct"],
     "collectives": ["allreduce", "replicate", "ring_allreduce", "unreplicate"],
-    "parallel": ["check_divisible", "evaluate_accuracy", "num_correct", "pmap_sgd_step",
-                 "split_batch", "train", "train_batch"],
+    "parallel": ["check_divisible", "pmap_sgd_step", "split_batch", "train", "train_batch"],
     # jit + shardings, shard_map, Flax, Keras 3
     "concise": ["check_spec", "make_shard_map_step", "make_train_step", "shard",
                 "shard_batch"],

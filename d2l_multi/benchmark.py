@@ -116,7 +116,6 @@ def chapter_jit(n, X, y, batch):
 
 def _time_jax(make, n, X, y, batch, steps, warmup=3):
     import jax
-    import d2l_multi as d2l
     state, run = make(n, X, y, batch)
     for i in range(warmup):
         state, loss = run(i, state)

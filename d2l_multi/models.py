@@ -9,6 +9,8 @@ import jax.numpy as jnp
 import optax
 from jax import lax
 
+import d2l_multi as d2l
+
 
 def init_lenet_params(key):
     """LeNet's parameters [W1, b1, W2, b2, W3, b3, W4, b4], He-initialised, kernels HWIO."""
@@ -62,3 +64,17 @@ def loss_fn(params, X, y):
     logits = lenet(params, X)
     return optax.softmax_cross_entropy_with_integer_labels(logits, y).mean()
 
+
+
+@jax.jit
+def num_correct(params, X, y):
+    """How many of LeNet's predictions for ``X`` equal the labels ``y``."""
+    return (jnp.argmax(lenet(params, X), axis=1) == y).sum()
+
+
+def evaluate_accuracy(params, data_iter):
+    """Accuracy of LeNet with ``params`` over the batches of ``data_iter``, on one device."""
+    metric = d2l.Accumulator(2)  # number correct, number of examples
+    for X, y in data_iter:
+        metric.add(num_correct(params, X, y), y.size)
+    return metric[0] / metric[1]

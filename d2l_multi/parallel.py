@@ -4,7 +4,6 @@ import functools
 import math
 
 import jax
-import jax.numpy as jnp
 from jax import lax
 
 import d2l_multi as d2l
@@ -46,20 +45,6 @@ def train_batch(params, X, y, num_devices, lr):
     return pmap_sgd_step(params, X_shards, y_shards, lr)
 
 
-@jax.jit
-def num_correct(params, X, y):
-    """How many of LeNet's predictions for ``X`` equal the labels ``y``."""
-    return (jnp.argmax(d2l.lenet(params, X), axis=1) == y).sum()
-
-
-def evaluate_accuracy(params, data_iter):
-    """Accuracy of LeNet (unreplicated ``params``, on one device) over ``data_iter``."""
-    metric = d2l.Accumulator(2)  # number correct, number of examples
-    for X, y in data_iter:
-        metric.add(num_correct(params, X, y), y.size)
-    return metric[0] / metric[1]
-
-
 def train(num_devices, batch_size, lr, num_epochs=10, data=None):
     """Train LeNet on ``num_devices`` devices; return unreplicated params and history."""
     d2l.check_positive(lr=lr, num_epochs=num_epochs)
@@ -79,7 +64,8 @@ def train(num_devices, batch_size, lr, num_epochs=10, data=None):
             raise FloatingPointError(
                 f"the loss became {loss} in epoch {epoch + 1} with lr={lr}; the learning "
                 f"rate is too large for batch {batch_size}: try lr={lr / 10:g}")
-        acc = evaluate_accuracy(d2l.unreplicate(params), data.get_dataloader(train=False))
+        acc = d2l.evaluate_accuracy(d2l.unreplicate(params),
+                                    data.get_dataloader(train=False))
         animator.add(epoch + 1, acc)
         history.append({"epoch": epoch + 1, "loss": loss, "test_acc": acc,
                         "sec": timer.times[-1]})

@@ -74,8 +74,11 @@ def max_difference(a, b):
 
 def time_call(f, *args, repeat=5, warmup=1):
     """Median wall-clock seconds of ``f(*args)`` over ``repeat`` calls, each waited for
-    (``jax.block_until_ready``), after ``warmup`` untimed calls (compilation)."""
+    (``jax.block_until_ready``), after ``warmup`` untimed calls (compilation). With the smoke
+    switch on, at most 2 calls are timed."""
     import jax
+    from .smoke_switch import shrink
+    repeat = shrink(repeat, 2)
     for _ in range(warmup):
         jax.block_until_ready(f(*args))
     timer = Timer()

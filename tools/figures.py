@@ -182,7 +182,23 @@ def gather_to_one():
     save(fig, "gather_to_one")
 
 
-FIGURES = [split_network, split_layers, split_data, data_parallel_step, ring_allreduce,
+def lenet():
+    """LeNet's layers and the shape of a batch of b images after each."""
+    fig, ax = canvas(8.6, 1.9)
+    layers = [("input", "b×28×28×1"), ("conv 3×3\n+ ReLU", "b×26×26×20"),
+              ("avg pool\n2×2", "b×13×13×20"), ("conv 5×5\n+ ReLU", "b×9×9×50"),
+              ("avg pool\n2×2", "b×4×4×50"), ("flatten", "b×800"),
+              ("dense\n+ ReLU", "b×128"), ("dense", "b×10")]
+    for i, (name, shape) in enumerate(layers):
+        x = 0.15 + i * 1.06
+        box(ax, x, 0.75, 0.9, 0.75, name, face=LIGHT[i % 2] if i else GREY, size=8)
+        ax.text(x + 0.45, 0.45, shape, ha="center", size=7.5, color="#444444")
+        if i:
+            arrow(ax, (x - 0.16, 1.12), (x, 1.12))
+    save(fig, "lenet")
+
+
+FIGURES = [lenet, split_network, split_layers, split_data, data_parallel_step, ring_allreduce,
            gather_to_one]
 
 if __name__ == "__main__":
