@@ -63,6 +63,28 @@ def test_notebooks_set_up_devices_first_and_end_with_solutions():
         assert any(c["cell_type"] == "code" for c in cells[solutions:]), nb.name
 
 
+def test_solutions_come_last_in_a_collapsed_heading_cell_of_their_own():
+    """docs/writing.md: Summary, Exercises, [References], Solutions; the heading alone in a
+    cell that JupyterLab opens collapsed (tools/nb.py solutions fixes a notebook)."""
+    for nb in NOTEBOOKS:
+        cells = json.loads(nb.read_text())["cells"]
+        headings = [(i, line.rstrip()) for i, c in enumerate(cells) if c["cell_type"] == "markdown"
+                    for line in "".join(c["source"]).splitlines() if re.match(r"## \S", line)]
+        names = [h for _, h in headings]
+        assert names[-1] == "## Solutions", f"{nb.name}: the last ## heading is {names[-1]!r}"
+        tail = [h for h in names if h in ("## Summary", "## Exercises", "## References")]
+        assert tail[-2:] in (["## Summary", "## Exercises"], ["## Exercises", "## References"]), (
+            f"{nb.name}: end with ## Summary, ## Exercises, [## References], ## Solutions")
+        i = headings[-1][0]
+        cell = cells[i]
+        assert "".join(cell["source"]).strip() == "## Solutions", (
+            f"{nb.name} cell {i}: put '## Solutions' in a cell of its own "
+            f"(python tools/nb.py solutions chapters/{nb.name})")
+        assert cell["metadata"].get("jp-MarkdownHeadingCollapsed") is True, (
+            f"{nb.name} cell {i}: mark the Solutions heading collapsed "
+            f"(python tools/nb.py solutions chapters/{nb.name})")
+
+
 def test_notebooks_never_read_data_through_the_working_directory():
     for nb in NOTEBOOKS:
         for cell in json.loads(nb.read_text())["cells"]:
