@@ -1,7 +1,8 @@
-"""Command line: ``python -m d2l_multi {train,benchmark,launch} ...``.
+"""Command line: ``python -m d2l_multi {train,benchmark,launch,book} ...``.
 
 ``train`` (the default) runs the chapter's headline experiment: LeNet on Fashion-MNIST, data
-parallel on 1 and on N devices, with a table and two PNG plots.
+parallel on 1 and on N devices, with a table and two PNG plots. ``book`` builds the chapter as
+an HTML book in ``_build/html``.
 """
 import sys
 
@@ -18,7 +19,10 @@ def main(argv=None):
     if command == "launch":
         from .launch import main as launch_main
         return launch_main(argv)
-    print(f"unknown command {command!r}; use one of: train, benchmark, launch "
+    if command == "book":
+        from .book import main as book_main
+        return book_main(argv)
+    print(f"unknown command {command!r}; use one of: train, benchmark, launch, book "
           f"(python -m d2l_multi COMMAND --help)", file=sys.stderr)
     return 2
 
