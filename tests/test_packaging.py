@@ -21,9 +21,21 @@ def environment_pip_list():
     return deps
 
 
+def extra(project, name):
+    """The requirements of an extra, with this project's own extras (d2l-multi[book]) expanded."""
+    reqs = set()
+    for req in project["optional-dependencies"][name]:
+        m = re.fullmatch(rf"{project['name']}\[(.+)\]", req)
+        reqs |= set().union(*(extra(project, e) for e in m.group(1).split(","))) if m else {req}
+    return reqs
+
+
 def test_environment_yml_lists_the_same_dependencies_as_pyproject():
+    """environment.yml = dependencies + the test extra, which includes the book extra."""
     project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
-    wanted = set(project["dependencies"]) | set(project["optional-dependencies"]["test"])
+    assert f"{project['name']}[book]" in project["optional-dependencies"]["test"]
+    wanted = set(project["dependencies"]) | extra(project, "test")
+    assert extra(project, "book") <= wanted
     listed = environment_pip_list()
     assert "-e ." in listed
     assert set(listed) - {"-e ."} == wanted
