@@ -20,7 +20,7 @@ extensions = [
 ]
 
 root_doc = "index"
-exclude_patterns = ["_build", "**.ipynb_checkpoints", "README.md"]
+exclude_patterns = ["_build", "**.ipynb_checkpoints"]
 nitpicky = True
 
 # Notebooks: executed through jupyter-cache, so a rebuild re-runs only notebooks whose code

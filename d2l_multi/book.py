@@ -44,6 +44,24 @@ def stage_sources(root, dest):
     return [nb.stem for nb in notebooks]
 
 
+class ShownPaths:
+    """A text stream that shows the staged sources' paths as the repository's own."""
+
+    def __init__(self, stream, replacements):
+        self.stream, self.replacements = stream, replacements
+
+    def write(self, text):
+        for staged, real in self.replacements:
+            text = text.replace(staged, real)
+        return self.stream.write(text)
+
+    def flush(self):
+        self.stream.flush()
+
+    def isatty(self):
+        return self.stream.isatty()
+
+
 def execution_table(app, started):
     """Rows (page, how, seconds) from MyST-NB's record of each notebook's execution."""
     rows = []
@@ -76,8 +94,13 @@ def build_book(out=None, mode="full", root=ROOT, rerun=False, quiet=False):
     """
     if mode not in MODES:
         raise ValueError(f"mode is {mode!r}; use one of {', '.join(MODES)}")
-    from sphinx.application import Sphinx
-    from sphinx.util.docutils import docutils_namespace, patch_docutils
+    try:
+        from sphinx.application import Sphinx
+        from sphinx.errors import SphinxError
+        from sphinx.util.docutils import docutils_namespace, patch_docutils
+    except ImportError as err:
+        raise RuntimeError(f"the book needs Sphinx and MyST-NB ({err}): "
+                           f"pip install -e \".[book]\"") from err
 
     paths = book_paths(root)
     out = pathlib.Path(out or paths["out"]).resolve()
@@ -90,6 +113,8 @@ def build_book(out=None, mode="full", root=ROOT, rerun=False, quiet=False):
         shutil.rmtree(cache)
     overrides = {"nb_execution_mode": "off" if mode == "off" else "cache",
                  "nb_execution_cache_path": str(cache), "d2l_book_mode": mode}
+    reports = out.parent / f"{out.name}-reports"
+    shutil.rmtree(reports, ignore_errors=True)
     saved_env = os.environ.get("D2L_MULTI_SMOKE")
     work = pathlib.Path(tempfile.mkdtemp(prefix=f".{out.name}-building-", dir=out.parent))
     try:
@@ -100,13 +125,21 @@ def build_book(out=None, mode="full", root=ROOT, rerun=False, quiet=False):
         else:
             os.environ.pop("D2L_MULTI_SMOKE", None)  # a full build must not run in smoke mode
         started = time.time()
-        status = None if quiet else sys.stdout
-        with patch_docutils(src), docutils_namespace():
-            app = Sphinx(src, src, html, work / "doctrees", "html", confoverrides=overrides,
-                         status=status, warning=sys.stderr, freshenv=True,
-                         warningiserror=True)
-            app.build()
+        shown = [(str(src / "chapters"), str(paths["chapters"])), (str(src), str(paths["conf"])),
+                 (str(html / "reports"), str(reports)), (str(html), str(out))]
+        status = None if quiet else ShownPaths(sys.stdout, shown)
+        try:
+            with patch_docutils(src), docutils_namespace():
+                app = Sphinx(src, src, html, work / "doctrees", "html",
+                             confoverrides=overrides, status=status,
+                             warning=ShownPaths(sys.stderr, shown),
+                             freshenv=True, warningiserror=True)
+                app.build()
+        except SphinxError as err:
+            raise RuntimeError(f"the book did not build: {err}; {out} is unchanged") from err
         if app.statuscode:
+            if (html / "reports").is_dir():  # tracebacks of failed notebooks
+                (html / "reports").rename(reports)
             raise RuntimeError(f"the book did not build: fix the warnings or errors listed "
                                f"above (warnings count as errors); {out} is unchanged")
         rows = execution_table(app, started) if mode != "off" else []
@@ -120,7 +153,18 @@ def build_book(out=None, mode="full", root=ROOT, rerun=False, quiet=False):
         else:
             os.environ["D2L_MULTI_SMOKE"] = saved_env
         shutil.rmtree(work, ignore_errors=True)
+        if mode != "off" and cache.exists():
+            forget_staged_notebooks(cache)
     return out / "index.html", rows
+
+
+def forget_staged_notebooks(cache):
+    """Drop the cache's records of staged notebooks that are gone (executed ones stay cached)."""
+    from jupyter_cache import get_cache
+    cache = get_cache(str(cache))
+    for record in cache.list_project_records():
+        if not pathlib.Path(record.uri).exists():
+            cache.remove_nb_from_project(record.pk)
 
 
 def parse_args(argv):

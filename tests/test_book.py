@@ -49,7 +49,13 @@ def chromium_path():
 
 @pytest.fixture(scope="module")
 def book(tmp_path_factory, worker_id):
-    """The built book, built once per test session (xdist workers share it under a lock)."""
+    """The built book, built once per test session (xdist workers share it under a lock).
+
+    ``D2L_MULTI_BOOK=DIR`` checks a book built before instead, e.g. an executed one
+    (``python -m d2l_multi book --smoke && D2L_MULTI_BOOK=_build/html pytest tests/test_book.py``).
+    """
+    if os.environ.get("D2L_MULTI_BOOK"):
+        return pathlib.Path(os.environ["D2L_MULTI_BOOK"]).resolve()
     if worker_id == "master":
         base = tmp_path_factory.mktemp("book")
     else:
