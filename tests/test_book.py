@@ -260,3 +260,13 @@ def test_notebook_page_links_its_ipynb_and_cites_into_its_own_references(visit, 
     entry = page.locator(f"section#references {target}")
     assert entry.count() == 1, f"{target} is not in the page's own References section"
     assert not v.problems, "\n".join(v.problems)
+
+
+def test_search_works_offline(visit):
+    v = visit()
+    page = v.open("search.html?q=allreduce")
+    page.wait_for_selector("#search-results li", timeout=15_000)
+    hits = page.evaluate("""() => Array.from(document.querySelectorAll('#search-results li a'),
+        a => a.getAttribute('href'))""")
+    assert any("02_allreduce" in h for h in hits), hits
+    assert not v.problems, "\n".join(v.problems)
