@@ -15,7 +15,7 @@ copyright = "the d2l_multi authors, MIT License"
 extensions = [
     "myst_nb",                 # notebooks and MyST markdown
     "sphinxcontrib.bibtex",    # one references.bib, cited with {cite:p}`key`
-    "sphinx.ext.mathjax",
+    "sphinx.ext.mathjax",      # from a local copy, see below
     "d2l_book",                # solutions behind a toggle, offline MathJax, source links
 ]
 
@@ -33,6 +33,9 @@ nb_execution_show_tb = True
 nb_merge_streams = True
 nb_ipywidgets_js = {}                  # never load the widget manager from a CDN
 myst_enable_extensions = ["dollarmath", "amsmath", "colon_fence", "deflist"]
+# Math: MathJax 3.2.2 from the sphinx-mathjax-offline wheel (PyPI), copied into _static/mathjax
+# by _ext/d2l_book.py, which also sets mathjax_path. The renderer Jupyter uses, installed by pip
+# like everything else, and no page needs a CDN (KaTeX's assets would come from npm).
 myst_heading_anchors = 3
 
 # References: a page lists what it cites (```{bibliography}``` with
