@@ -127,6 +127,7 @@ def build_book(out=None, mode="full", root=ROOT, rerun=False, quiet=False):
         started = time.time()
         shown = [(str(src / "chapters"), str(paths["chapters"])), (str(src), str(paths["conf"])),
                  (str(html / "reports"), str(reports)), (str(html), str(out))]
+        shown += [(os.path.relpath(a), os.path.relpath(b)) for a, b in shown]
         status = None if quiet else ShownPaths(sys.stdout, shown)
         try:
             with patch_docutils(src), docutils_namespace():
