@@ -21,9 +21,21 @@ def environment_pip_list():
     return deps
 
 
+def extra(project, name):
+    """The requirements of an extra, with this project's own extras (d2l-multi[book]) expanded."""
+    reqs = set()
+    for req in project["optional-dependencies"][name]:
+        m = re.fullmatch(rf"{project['name']}\[(.+)\]", req)
+        reqs |= set().union(*(extra(project, e) for e in m.group(1).split(","))) if m else {req}
+    return reqs
+
+
 def test_environment_yml_lists_the_same_dependencies_as_pyproject():
+    """environment.yml = dependencies + the test extra, which includes the book extra."""
     project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
-    wanted = set(project["dependencies"]) | set(project["optional-dependencies"]["test"])
+    assert f"{project['name']}[book]" in project["optional-dependencies"]["test"]
+    wanted = set(project["dependencies"]) | extra(project, "test")
+    assert extra(project, "book") <= wanted
     listed = environment_pip_list()
     assert "-e ." in listed
     assert set(listed) - {"-e ."} == wanted
@@ -61,6 +73,28 @@ def test_notebooks_set_up_devices_first_and_end_with_solutions():
             assert heading in text, f"{nb.name} lacks {heading}"
         solutions = max(i for i, c in enumerate(cells) if "## Solutions" in "".join(c["source"]))
         assert any(c["cell_type"] == "code" for c in cells[solutions:]), nb.name
+
+
+def test_solutions_come_last_in_a_collapsed_heading_cell_of_their_own():
+    """docs/writing.md: Summary, Exercises, [References], Solutions; the heading alone in a
+    cell that JupyterLab opens collapsed (tools/nb.py solutions fixes a notebook)."""
+    for nb in NOTEBOOKS:
+        cells = json.loads(nb.read_text())["cells"]
+        headings = [(i, line.rstrip()) for i, c in enumerate(cells) if c["cell_type"] == "markdown"
+                    for line in "".join(c["source"]).splitlines() if re.match(r"## \S", line)]
+        names = [h for _, h in headings]
+        assert names[-1] == "## Solutions", f"{nb.name}: the last ## heading is {names[-1]!r}"
+        tail = [h for h in names if h in ("## Summary", "## Exercises", "## References")]
+        assert tail[-2:] in (["## Summary", "## Exercises"], ["## Exercises", "## References"]), (
+            f"{nb.name}: end with ## Summary, ## Exercises, [## References], ## Solutions")
+        i = headings[-1][0]
+        cell = cells[i]
+        assert "".join(cell["source"]).strip() == "## Solutions", (
+            f"{nb.name} cell {i}: put '## Solutions' in a cell of its own "
+            f"(python tools/nb.py solutions chapters/{nb.name})")
+        assert cell["metadata"].get("jp-MarkdownHeadingCollapsed") is True, (
+            f"{nb.name} cell {i}: mark the Solutions heading collapsed "
+            f"(python tools/nb.py solutions chapters/{nb.name})")
 
 
 def test_notebooks_never_read_data_through_the_working_directory():

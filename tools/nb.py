@@ -4,16 +4,24 @@ equal to the library.
     python tools/nb.py build SRC.py chapters/NN_name.ipynb   # percent .py -> notebook, no outputs
     python tools/nb.py source chapters/NN_name.ipynb SRC.py  # notebook -> percent .py, to edit
     python tools/nb.py sync chapters/NN_name.ipynb           # #@save cells <- library source
+    python tools/nb.py solutions chapters/*.ipynb            # apply the Solutions convention
 
 In a source, a line ``#@src name1 name2`` is replaced by the library's source of those
 ``d2l_multi`` functions/classes (separated by blank lines), so a ``#@save`` cell is written as
 ``#@save`` + ``#@src name`` and cannot drift from the package (tests/test_book_sync.py checks).
+
+The ``## Solutions`` heading gets a markdown cell of its own, marked
+``"jp-MarkdownHeadingCollapsed": true``, so JupyterLab opens the notebook with the solutions
+folded away (the book collapses them too; docs/writing.md).
 """
 import inspect
 import pathlib
 import sys
 
 import jupytext
+import nbformat
+
+SOLUTIONS = "## Solutions"
 
 
 def expand(text):
@@ -39,6 +47,7 @@ def build(src, dst):
         cell.metadata = {}
         if cell.cell_type == "code":
             cell.outputs, cell.execution_count = [], None
+    mark_solutions(nb)
     tmp = pathlib.Path(dst).with_suffix(".tmp.ipynb")
     jupytext.write(nb, tmp, fmt="ipynb")
     tmp.replace(dst)
@@ -69,6 +78,34 @@ def sync(nb_path):
         cell["source"] = [line + "\n" for line in text.split("\n")]
         cell["source"][-1] = cell["source"][-1].rstrip("\n")
     pathlib.Path(nb_path).write_text(json.dumps(nb, indent=1, ensure_ascii=False) + "\n")
+def mark_solutions(nb):
+    """Give the ``## Solutions`` heading its own cell, collapsed in JupyterLab."""
+    cells = []
+    for cell in nb.cells:
+        lines = [line.rstrip() for line in cell.source.split("\n")]
+        if cell.cell_type != "markdown" or SOLUTIONS not in lines:
+            cells.append(cell)
+            continue
+        k = lines.index(SOLUTIONS)
+        before, after = "\n".join(lines[:k]).strip("\n"), "\n".join(lines[k + 1:]).strip("\n")
+        if before:
+            cell.source = before
+            cells.append(cell)
+            cell = nbformat.v4.new_markdown_cell()
+        cell.source = SOLUTIONS
+        cell.metadata["jp-MarkdownHeadingCollapsed"] = True
+        cells.append(cell)
+        if after:
+            cells.append(nbformat.v4.new_markdown_cell(after))
+    nb.cells = cells
+    return nb
+
+
+def solutions(*paths):
+    """Apply ``mark_solutions`` to notebooks in place."""
+    for path in paths:
+        nb = nbformat.read(path, as_version=4)
+        nbformat.write(mark_solutions(nb), path)
 
 
 def source(nb_path, dst):
@@ -77,5 +114,5 @@ def source(nb_path, dst):
 
 
 if __name__ == "__main__":
-    cmd, *paths = sys.argv[1:]
-    {"build": build, "source": source, "sync": sync}[cmd](*paths)
+    cmd, *args = sys.argv[1:]
+    {"build": build, "source": source, "sync": sync, "solutions": solutions}[cmd](*args)

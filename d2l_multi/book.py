@@ -1,0 +1,209 @@
+"""Build the chapter as a book (Sphinx + MyST-NB): ``python -m d2l_multi book``.
+
+The landing page and configuration live in ``book/``, the pages are ``chapters/*.ipynb`` in
+file-name order. By default every notebook is executed through jupyter-cache, so a rebuild
+re-runs only notebooks whose code changed (changes to ``d2l_multi`` itself are not noticed:
+pass ``--rerun`` after them). ``--smoke`` executes with ``D2L_MULTI_SMOKE=1`` and its own
+cache; ``--no-execute`` shows the code without outputs. Warnings fail the build, and the book
+at ``--out`` is replaced only by a build that succeeded.
+"""
+import argparse
+import os
+import pathlib
+import shutil
+import sys
+import tempfile
+import time
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent
+MODES = ("full", "smoke", "off")
+
+
+def book_paths(root=ROOT):
+    """Return the book's sources, default output and jupyter-cache folders under ``root``."""
+    root = pathlib.Path(root)
+    build = root / "_build"
+    return {"conf": root / "book", "chapters": root / "chapters", "out": build / "html",
+            "cache_full": build / "jupyter_cache", "cache_smoke": build / "jupyter_cache_smoke"}
+
+
+def stage_sources(root, dest):
+    """Copy ``book/`` and ``chapters/*.ipynb`` into ``dest``, the Sphinx source folder."""
+    paths = book_paths(root)
+    if not (paths["conf"] / "conf.py").is_file():
+        raise FileNotFoundError(f"{paths['conf'] / 'conf.py'} is missing: build the book from a "
+                                f"checkout of the chapter (it has book/ and chapters/)")
+    notebooks = sorted(paths["chapters"].glob("*.ipynb"))
+    if not notebooks:
+        raise FileNotFoundError(f"no notebooks in {paths['chapters']}: the book needs "
+                                f"chapters/*.ipynb")
+    shutil.copytree(paths["conf"], dest, ignore=shutil.ignore_patterns("__pycache__"))
+    (dest / "chapters").mkdir()
+    for nb in notebooks:
+        shutil.copy2(nb, dest / "chapters" / nb.name)
+    return [nb.stem for nb in notebooks]
+
+
+class ShownPaths:
+    """A text stream that shows the staged sources' paths as the repository's own."""
+
+    def __init__(self, stream, replacements):
+        self.stream, self.replacements = stream, replacements
+
+    def write(self, text):
+        for staged, real in self.replacements:
+            text = text.replace(staged, real)
+        return self.stream.write(text)
+
+    def flush(self):
+        self.stream.flush()
+
+    def isatty(self):
+        return self.stream.isatty()
+
+
+def execution_table(app, started):
+    """Rows (page, how, seconds) from MyST-NB's record of each notebook's execution."""
+    rows = []
+    for docname, data in sorted(getattr(app.env, "nb_metadata", {}).items()):
+        run = data.get("exec_data")
+        if not run:
+            continue
+        how = ("failed" if not run["succeeded"] else
+               "executed" if run["mtime"] >= started else "cached")
+        rows.append((docname.rsplit("/", 1)[-1], how, run["runtime"]))
+    return rows
+
+
+def format_table(rows):
+    width = max(len(name) for name, _, _ in rows)
+    lines = [f"{'notebook':<{width}}  {'run':<8}  seconds"]
+    for name, how, seconds in rows:
+        shown = "-" if seconds is None else f"{seconds:.1f}"
+        lines.append(f"{name:<{width}}  {how:<8}  {shown:>7}")
+    return "\n".join(lines)
+
+
+def build_book(out=None, mode="full", root=ROOT, rerun=False, quiet=False):
+    """Build the book into ``out`` (default ``_build/html``) and return ``(index, rows)``.
+
+    ``mode`` is 'full' (execute through the cache), 'smoke' (``D2L_MULTI_SMOKE=1``, its own
+    cache) or 'off' (no execution). ``rows`` lists each executed notebook's run time. Raises
+    RuntimeError when Sphinx reports a warning or an error; ``out`` is then left as it was.
+    An existing ``out`` is replaced only if it is empty or an earlier build of the book.
+    """
+    if mode not in MODES:
+        raise ValueError(f"mode is {mode!r}; use one of {', '.join(MODES)}")
+    try:
+        from sphinx.application import Sphinx
+        from sphinx.errors import SphinxError
+        from sphinx.util.docutils import docutils_namespace, patch_docutils
+    except ImportError as err:
+        raise RuntimeError(f"the book needs Sphinx and MyST-NB ({err}): "
+                           f"pip install -e \".[book]\"") from err
+
+    paths = book_paths(root)
+    out = pathlib.Path(out or paths["out"]).resolve()
+    if out.exists() and any(out.iterdir()) and not (out / ".buildinfo").is_file():
+        raise FileExistsError(f"{out} exists and is not a book built here; the build replaces "
+                              f"it, so pass --out with a new or empty folder")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    cache = paths["cache_smoke" if mode == "smoke" else "cache_full"]
+    if rerun and cache.exists():
+        shutil.rmtree(cache)
+    overrides = {"nb_execution_mode": "off" if mode == "off" else "cache",
+                 "nb_execution_cache_path": str(cache), "d2l_book_mode": mode}
+    reports = out.parent / f"{out.name}-reports"
+    shutil.rmtree(reports, ignore_errors=True)
+    saved_env = os.environ.get("D2L_MULTI_SMOKE")
+    work = pathlib.Path(tempfile.mkdtemp(prefix=f".{out.name}-building-", dir=out.parent))
+    try:
+        src, html = work / "src", work / "html"
+        stage_sources(root, src)
+        if mode == "smoke":
+            os.environ["D2L_MULTI_SMOKE"] = "1"
+        else:
+            os.environ.pop("D2L_MULTI_SMOKE", None)  # a full build must not run in smoke mode
+        started = time.time()
+        shown = [(str(src / "chapters"), str(paths["chapters"])), (str(src), str(paths["conf"])),
+                 (str(html / "reports"), str(reports)), (str(html), str(out))]
+        shown += [(os.path.relpath(a), os.path.relpath(b)) for a, b in shown]
+        status = None if quiet else ShownPaths(sys.stdout, shown)
+        try:
+            with patch_docutils(src), docutils_namespace():
+                app = Sphinx(src, src, html, work / "doctrees", "html",
+                             confoverrides=overrides, status=status,
+                             warning=ShownPaths(sys.stderr, shown),
+                             freshenv=True, warningiserror=True)
+                app.build()
+        except SphinxError as err:
+            raise RuntimeError(f"the book did not build: {err}; {out} is unchanged") from err
+        if app.statuscode:
+            if (html / "reports").is_dir():  # tracebacks of failed notebooks
+                (html / "reports").rename(reports)
+            raise RuntimeError(f"the book did not build: fix the warnings or errors listed "
+                               f"above (warnings count as errors); {out} is unchanged")
+        rows = execution_table(app, started) if mode != "off" else []
+        old = work / "previous"
+        if out.exists():
+            out.rename(old)
+        html.rename(out)
+    finally:
+        if saved_env is None:
+            os.environ.pop("D2L_MULTI_SMOKE", None)
+        else:
+            os.environ["D2L_MULTI_SMOKE"] = saved_env
+        shutil.rmtree(work, ignore_errors=True)
+        if mode != "off" and cache.exists():
+            forget_staged_notebooks(cache)
+    return out / "index.html", rows
+
+
+def forget_staged_notebooks(cache):
+    """Drop the cache's records of staged notebooks that are gone (executed ones stay cached)."""
+    from jupyter_cache import get_cache
+    cache = get_cache(str(cache))
+    for record in cache.list_project_records():
+        if not pathlib.Path(record.uri).exists():
+            cache.remove_nb_from_project(record.pk)
+
+
+def parse_args(argv):
+    parser = argparse.ArgumentParser(
+        prog="python -m d2l_multi book",
+        description="Build the chapter as a book (HTML) from book/ and chapters/*.ipynb. "
+                    "By default every notebook is executed (cached by jupyter-cache: a rebuild "
+                    "re-runs only notebooks whose code changed).")
+    how = parser.add_mutually_exclusive_group()
+    how.add_argument("--smoke", action="store_true",
+                     help="execute with D2L_MULTI_SMOKE=1 (quick; numbers are not results)")
+    how.add_argument("--no-execute", action="store_true",
+                     help="do not execute: pages show the code without outputs")
+    parser.add_argument("--out", type=pathlib.Path, default=None,
+                        help="output folder (default: _build/html in the repository)")
+    parser.add_argument("--rerun", action="store_true",
+                        help="empty this mode's execution cache first, e.g. after changing "
+                             "d2l_multi (the cache only notices changes to the notebooks)")
+    parser.add_argument("--quiet", "-q", action="store_true", help="print only warnings")
+    return parser.parse_args(argv)
+
+
+def main(argv=None):
+    args = parse_args(sys.argv[1:] if argv is None else argv)
+    mode = "smoke" if args.smoke else "off" if args.no_execute else "full"
+    start = time.perf_counter()
+    try:
+        index, rows = build_book(args.out, mode, rerun=args.rerun, quiet=args.quiet)
+    except (RuntimeError, FileNotFoundError, FileExistsError) as err:
+        print(f"book: {err}", file=sys.stderr)
+        return 1
+    seconds = time.perf_counter() - start
+    if rows:
+        print(format_table(rows))
+    print(f"book ({mode} build) written to {index.parent} in {seconds:.0f} s; "
+          f"open {index}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

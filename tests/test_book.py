@@ -1,0 +1,272 @@
+"""The book builds (execution off, warnings are errors) and reads well in headless Chromium.
+
+Every page is served from 127.0.0.1 and must load with no console error, no failed request and
+no request anywhere else (fonts, MathJax and scripts are all local); images have a size, math
+is typeset, the worked solutions stay closed until clicked, and the landing page links every
+notebook in order. Screenshots of the landing page and of notebook 03 go to
+``$D2L_MULTI_ARTIFACTS`` (default ``_build/screenshots``). Without Chromium the tests skip.
+"""
+import fcntl
+import functools
+import http.server
+import json
+import os
+import pathlib
+import re
+import shutil
+import subprocess
+import sys
+import threading
+
+import pytest
+
+from d2l_multi.book import build_book, main
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent
+NOTEBOOKS = sorted(p.stem for p in (ROOT / "chapters").glob("*.ipynb"))
+DATA_PARALLEL = "03_data_parallel_from_scratch"
+CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+                 "--disable-background-networking", "--disable-component-update",
+                 "--disable-sync", "--disable-default-apps", "--disable-extensions"]
+# Inline math is typeset from \( \) and display math from \[ \]; left in the text, they (or
+# $...$) would mean MathJax did not run. Code is excluded: shell snippets use $.
+RAW_MATH = re.compile(r"\\\(|\\\)|\\\[|\\\]|\$[^$\s][^$]*\$")
+VISIBLE_PROSE = """() => {
+  const body = document.querySelector('article.bd-article').cloneNode(true);
+  body.querySelectorAll('pre, code, mjx-container, script, style, details:not([open])')
+      .forEach(e => e.remove());
+  return body.innerText;
+}"""
+
+
+def chromium_path():
+    for candidate in (os.environ.get("D2L_MULTI_CHROMIUM"), "chromium", "chromium-browser",
+                      "google-chrome"):
+        if candidate and shutil.which(candidate):
+            return shutil.which(candidate)
+    return None
+
+
+@pytest.fixture(scope="module")
+def book(tmp_path_factory, worker_id):
+    """The built book, built once per test session (xdist workers share it under a lock).
+
+    ``D2L_MULTI_BOOK=DIR`` checks a book built before instead, e.g. an executed one
+    (``python -m d2l_multi book --smoke && D2L_MULTI_BOOK=_build/html pytest tests/test_book.py``).
+    """
+    if os.environ.get("D2L_MULTI_BOOK"):
+        return pathlib.Path(os.environ["D2L_MULTI_BOOK"]).resolve()
+    if worker_id == "master":
+        base = tmp_path_factory.mktemp("book")
+    else:
+        base = tmp_path_factory.getbasetemp().parent  # shared by the session's workers
+    out = base / "book-html"
+    with open(base / "book.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not (out / "index.html").exists():
+            build_book(out, mode="off", quiet=True)
+    return out
+
+
+@pytest.fixture(scope="module")
+def site(book):
+    """Base URL of the book served by http.server on 127.0.0.1."""
+    class Quiet(http.server.SimpleHTTPRequestHandler):
+        def log_message(self, *args):
+            pass
+
+    server = http.server.ThreadingHTTPServer(
+        ("127.0.0.1", 0), functools.partial(Quiet, directory=str(book)))
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    yield f"http://127.0.0.1:{server.server_port}/"
+    server.shutdown()
+    server.server_close()
+
+
+@pytest.fixture(scope="module")
+def browser():
+    path = chromium_path()
+    if path is None:
+        pytest.skip("Chromium is missing: install it (Debian/Ubuntu: apt-get install chromium) "
+                    "or set D2L_MULTI_CHROMIUM to a Chromium or Chrome binary")
+    sync_api = pytest.importorskip("playwright.sync_api",
+                                   reason='Playwright is missing: pip install -e ".[test]"')
+    with sync_api.sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=path, headless=True, args=CHROMIUM_ARGS)
+        yield browser
+        browser.close()
+
+
+class Visit:
+    """A fresh page that records console errors, failed and outside requests."""
+
+    def __init__(self, browser, site):
+        self.site, self.problems = site, []
+        self.context = browser.new_context(viewport={"width": 1280, "height": 900})
+        self.page = self.context.new_page()
+        self.page.on("console", lambda m: m.type == "error" and
+                     self.problems.append(f"console error: {m.text}"))
+        self.page.on("pageerror", lambda e: self.problems.append(f"script error: {e}"))
+        self.page.on("requestfailed", lambda r: self.problems.append(
+            f"request failed: {r.url} ({r.failure})"))
+        self.page.on("response", lambda r: r.status >= 400 and self.problems.append(
+            f"HTTP {r.status}: {r.url}"))
+        self.page.on("request", self.check_local)
+
+    def check_local(self, request):
+        url = request.url
+        if not (url.startswith(self.site) or url.startswith(("data:", "blob:", "about:"))):
+            self.problems.append(f"request leaves the local server: {url}")
+
+    def open(self, path):
+        self.page.goto(self.site + path, wait_until="networkidle")
+        self.page.evaluate("() => document.fonts.ready")
+        if self.page.evaluate("() => window.MathJax !== undefined"):
+            try:
+                self.page.wait_for_function(
+                    "() => window.MathJax.startup && window.MathJax.startup.promise",
+                    timeout=15_000)
+                self.page.evaluate("() => MathJax.startup.promise")
+            except Exception as err:  # reported with the page's other problems
+                self.problems.append(f"MathJax did not start: {err}")
+        return self.page
+
+    def close(self):
+        self.context.close()
+
+
+@pytest.fixture
+def visit(browser, site):
+    visits = []
+
+    def make():
+        visits.append(Visit(browser, site))
+        return visits[-1]
+
+    yield make
+    for v in visits:
+        v.close()
+
+
+def artifacts_dir():
+    path = pathlib.Path(os.environ.get("D2L_MULTI_ARTIFACTS") or ROOT / "_build" / "screenshots")
+    path.mkdir(parents=True, exist_ok=True)
+    return path
+
+
+def test_importing_the_package_does_not_import_sphinx():
+    code = ("import sys, d2l_multi, d2l_multi.book; "
+            "print(sorted({m.split('.')[0] for m in sys.modules} & {'sphinx', 'myst_nb'}))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         check=True, cwd=ROOT).stdout
+    assert out.strip() == "[]", f"import d2l_multi pulled in {out.strip()}"
+
+
+def test_book_command_refuses_bad_options_and_foreign_folders(tmp_path, capsys):
+    with pytest.raises(SystemExit) as exit_:
+        main(["--smoke", "--no-execute"])
+    assert exit_.value.code == 2
+    (tmp_path / "notes.txt").write_text("mine")
+    assert main(["--no-execute", "--out", str(tmp_path)]) == 1
+    assert "not a book built here" in capsys.readouterr().err
+    assert (tmp_path / "notes.txt").read_text() == "mine"
+
+
+PAGES = ["index.html"] + [f"chapters/{name}.html" for name in NOTEBOOKS]
+
+
+@pytest.mark.parametrize("path", PAGES)
+def test_page_loads_offline_with_images_and_math(visit, path):
+    v = visit()
+    page = v.open(path)
+    # a network request that the page would make later (lazy images) counts too
+    page.evaluate("() => window.scrollTo(0, document.body.scrollHeight)")
+    page.wait_for_load_state("networkidle")
+    assert not v.problems, f"{path}:\n" + "\n".join(v.problems)
+
+    images = page.evaluate("""() => Array.from(document.images, i =>
+        [i.getAttribute('src'), i.complete, i.naturalWidth])""")
+    broken = [src for src, complete, width in images if not (complete and width > 0)]
+    assert not broken, f"{path}: images without size: {broken}"
+
+    math = page.evaluate("""() => Array.from(document.querySelectorAll('.math'),
+        m => m.querySelector('mjx-container') !== null)""")
+    assert all(math), f"{path}: {math.count(False)} of {len(math)} formulas not typeset"
+    raw = RAW_MATH.findall(page.evaluate(VISIBLE_PROSE))
+    assert not raw, f"{path}: untypeset math in the text: {raw[:5]}"
+
+    prev_next = page.evaluate("""() => [!!document.querySelector('a.left-prev'),
+                                       !!document.querySelector('a.right-next')]""")
+    if path == "index.html":
+        assert prev_next[1], "the landing page has no link to the first notebook"
+    else:
+        assert prev_next[0], f"{path}: no link to the previous page"
+        assert prev_next[1] or path == PAGES[-1], f"{path}: no link to the next page"
+
+
+def test_landing_page_has_math_a_figure_and_every_notebook_in_order(visit):
+    v = visit()
+    page = v.open("index.html")
+    assert page.locator("mjx-container").count() >= 2, "the landing page's math is missing"
+    figure = page.locator("figure img")
+    assert figure.count() >= 1 and figure.first.evaluate("i => i.naturalWidth") > 0
+    links = page.evaluate("""() => Array.from(
+        document.querySelectorAll('article .toctree-wrapper a.reference.internal'),
+        a => a.getAttribute('href'))""")
+    linked = [re.sub(r"\.html(#.*)?$", "", h).split("/")[-1] for h in links]
+    assert linked == NOTEBOOKS, f"landing page links {linked}, chapters/ has {NOTEBOOKS}"
+    shot = artifacts_dir() / "book-landing.png"
+    page.screenshot(path=str(shot), full_page=True)
+    print(f"screenshot: {shot}")
+
+
+def test_solutions_stay_closed_until_the_reader_opens_them(visit):
+    v = visit()
+    page = v.open(f"chapters/{DATA_PARALLEL}.html")
+    heading = page.locator("section#solutions > h2")
+    assert heading.is_visible(), "the Solutions heading should be visible"
+    box = page.locator("section#solutions > details.d2l-solutions")
+    assert box.count() == 1, "everything under ## Solutions belongs in one toggle"
+    assert not box.evaluate("d => d.open")
+    first_solution = box.locator(":scope > :not(summary)").first
+    assert not first_solution.is_visible(), "solutions are visible before the toggle is opened"
+    shot = artifacts_dir() / f"book-{DATA_PARALLEL}.png"
+    page.screenshot(path=str(shot), full_page=True)
+    print(f"screenshot: {shot}")
+
+    box.locator("summary").click()
+    assert box.evaluate("d => d.open")
+    assert first_solution.is_visible(), "the opened toggle does not show the solutions"
+    assert box.locator("div.cell").count() >= 1, "the solutions' code cells are not in the toggle"
+    assert not v.problems, "\n".join(v.problems)
+
+
+def test_notebook_page_links_its_ipynb_and_cites_into_its_own_references(visit, site):
+    v = visit()
+    page = v.open(f"chapters/{DATA_PARALLEL}.html")
+    href = page.locator("a.d2l-download-notebook").get_attribute("href")
+    response = page.request.get(site + "chapters/" + href)
+    assert response.ok, f"{href}: HTTP {response.status}"
+    notebook = json.loads(response.text())
+    assert notebook["nbformat"] == 4 and notebook["cells"]
+    downloads = page.evaluate("""() => Array.from(
+        document.querySelectorAll('.dropdown-download-buttons a'), a => a.href)""")
+    assert any(url.endswith(f"{DATA_PARALLEL}.ipynb") for url in downloads), downloads
+
+    citations = page.locator("span.bibtex-citation a")
+    assert citations.count() >= 1, "notebook 03 cites no work"
+    target = citations.first.get_attribute("href")
+    assert target.startswith("#"), f"citation links to another page: {target}"
+    entry = page.locator(f"section#references {target}")
+    assert entry.count() == 1, f"{target} is not in the page's own References section"
+    assert not v.problems, "\n".join(v.problems)
+
+
+def test_search_works_offline(visit):
+    v = visit()
+    page = v.open("search.html?q=allreduce")
+    page.wait_for_selector("#search-results li", timeout=15_000)
+    hits = page.evaluate("""() => Array.from(document.querySelectorAll('#search-results li a'),
+        a => a.getAttribute('href'))""")
+    assert any("02_allreduce" in h for h in hits), hits
+    assert not v.problems, "\n".join(v.problems)
