@@ -4,6 +4,7 @@ Nothing here runs at import time: JAX's backend starts only when a function is c
 reader can import ``d2l_multi`` and still choose how many devices to simulate.
 """
 import math
+import os
 
 _choice = None  # (devices, reason), decided once per process by ``devices()``
 
@@ -24,6 +25,7 @@ def simulate_devices(n=8):
     jax = _jax()
     try:
         jax.config.update("jax_num_cpu_devices", n)
+        size_cpu_thread_pool(n)  # the backend has not started: its thread pool can be sized
     except RuntimeError:
         have = len(jax.devices("cpu"))
         if have != n:
@@ -33,6 +35,26 @@ def simulate_devices(n=8):
                 f"d2l_multi.simulate_devices({n}) before any other JAX code runs "
                 f"(or set JAX_NUM_CPU_DEVICES={n} before starting Python).") from None
     return devices()
+
+
+def size_cpu_thread_pool(n, environ=None):
+    """Give XLA:CPU's thread pool at least ``2 n`` threads (``PJRT_NPROC``) for ``n`` devices.
+
+    XLA:CPU launches and runs multi-device steps on one pool of max(cores, n) threads. Once 32
+    steps are queued on a device, a launch blocks while holding a pool thread, so the n
+    executions of a collective cannot all run and the program deadlocks ("Termination timeout
+    for all reduce"). At most n launches block at once, so 2 n threads always suffice. XLA
+    reads ``PJRT_NPROC`` when the CPU backend starts; a larger value already set is kept.
+    """
+    env = os.environ if environ is None else environ
+    current = env.get("PJRT_NPROC") or env.get("NPROC") or ""
+    try:
+        cores = len(os.sched_getaffinity(0))
+    except AttributeError:  # macOS, Windows
+        cores = os.cpu_count() or 1
+    base = int(current) if current.strip().isdigit() else cores
+    if base < 2 * n:
+        env["PJRT_NPROC"] = str(2 * n)
 
 
 def choose_devices(accelerators, cpus):

@@ -119,3 +119,29 @@ def test_devices_error_names_count_and_fix():
 def test_device_mesh_refuses_bad_shapes(shape, axis_names, message):
     with pytest.raises(ValueError, match=message):
         d2l.device_mesh(shape, axis_names)
+
+
+@pytest.mark.parametrize("env,cores_or_set", [
+    ({}, "16"), ({"PJRT_NPROC": "4"}, "16"), ({"PJRT_NPROC": "64"}, "64"), ({"NPROC": "32"}, None),
+])
+def test_the_cpu_thread_pool_gets_two_threads_per_device(env, cores_or_set, monkeypatch):
+    monkeypatch.setattr("os.sched_getaffinity", lambda pid: {0, 1}, raising=False)
+    d2l.size_cpu_thread_pool(8, env)
+    assert env.get("PJRT_NPROC") == cores_or_set
+
+
+def test_a_plain_loop_of_queued_multi_device_steps_finishes():
+    """XLA:CPU deadlocked once more than 32 multi-device steps were queued (its thread pool was
+    too small for a blocked launch plus every device's execution); simulate_devices sizes it."""
+    code = ("import os\n"
+            "os.environ['XLA_FLAGS'] = '--xla_cpu_collective_call_terminate_timeout_seconds=30'\n"
+            "import d2l_multi as d2l\nd2l.simulate_devices(8)\n"
+            "import jax, jax.numpy as jnp\n"
+            "from jax.sharding import NamedSharding, PartitionSpec as P\n"
+            "mesh = d2l.device_mesh()\n"
+            "x = jax.device_put(jnp.ones((256, 64)) / 16, NamedSharding(mesh, P('data')))\n"
+            "step = jax.jit(lambda w, x: w - 1e-3 * (x.T @ x) @ w)  # an all-reduce per step\n"
+            "w = jnp.eye(64)\n"
+            "for i in range(400):\n    w = step(w, x)            # never waits\n"
+            "print('finished', float(w[0, 0]) > 0)")
+    assert run_python(code, timeout=240).split()[-2:] == ["finished", "True"]
