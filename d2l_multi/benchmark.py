@@ -293,10 +293,11 @@ def collectives_main(argv):
             t = np.array([r["seconds"] for r in rows if (r["collective"], r["devices"]) == (collective, k)])
             alpha, beta = d2l.fit_alpha_beta(n, t)
             error = np.max(np.abs((alpha + beta * n) / t - 1))
-            ring = ("| - | - |" if collective != "psum" else
-                    "| {:.1f} | {} |".format(*_ring(d2l.fit_alpha_beta(n, t, k))))
+            hop, link = ring(alpha, beta, k)
+            ring_text = f"| {1e6 * hop:.1f} | {_bandwidth(link)} |" if collective == "psum" else \
+                "| - | - |"
             print(f"| {collective} | {k} | {1e6 * alpha:.1f} | {_bandwidth(beta)} | "
-                  f"{100 * error:.0f} % {ring}")
+                  f"{100 * error:.0f} % {ring_text}")
     return 0
 
 
@@ -304,9 +305,11 @@ def _bandwidth(beta):
     return "inf" if beta == 0 else f"{1 / beta / 1e9:.3f}"
 
 
-def _ring(fit):
-    alpha, beta = fit
-    return 1e6 * alpha, _bandwidth(beta)
+def ring(alpha, beta, num_devices):
+    """The per-hop latency and per-byte link time of a ring allreduce whose time on
+    ``num_devices`` devices is ``alpha + beta n``: alpha = 2(k-1) hop, beta = 2(k-1)/k link."""
+    k = num_devices
+    return alpha / (2 * (k - 1)), beta * k / (2 * (k - 1))
 
 
 # --- predict: the cost model against LeNet's measured step ----------------------------------
@@ -354,10 +357,10 @@ def predict_main(argv):
         alpha = beta = 0.0
         if k > 1:
             t = [np.median(d2l.time_collective("psum", k, n, 5)) for n in sizes]
-            alpha, beta = d2l.fit_alpha_beta(sizes, t, k)
+            alpha, beta = ring(*d2l.fit_alpha_beta(sizes, t), k)
         b = min(compute, key=lambda b: abs(b - B // k))  # the smoke run keeps fewer sizes
         predicted = d2l.predict_step_time(compute[b], k, grad_bytes, alpha, beta, num_parallel=cores)
-        comm = d2l.allreduce_time(grad_bytes, k, alpha, beta)
+        comm = d2l.predict_step_time(0.0, k, grad_bytes, alpha, beta)  # no compute: the allreduce
         print(f"| {k} | {1e3 * measured:.1f} | {1e3 * predicted:.1f} | "
               f"{100 * (predicted / measured - 1):+.0f} % | {1e3 * (predicted - comm):.1f} | "
               f"{1e3 * comm:.2f} |", flush=True)
