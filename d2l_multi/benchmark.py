@@ -320,10 +320,13 @@ def predict_main(argv):
     p.add_argument("--devices", default="1,2,4,8", help="device counts (default 1,2,4,8)")
     p.add_argument("--batch-size", type=int, default=256, help="global batch (default 256)")
     p.add_argument("--repeat", type=int, default=10, help="timed steps per point (default 10)")
+    p.add_argument("--rounds", type=int, default=3,
+                   help="rounds over the device counts; medians over them (default 3)")
     args = p.parse_args(argv)
     counts = _counts("--devices", args.devices, 1, "1,2,4,8")
     _positive("--batch-size", args.batch_size, 256)
     _positive("--repeat", args.repeat, 10)
+    _positive("--rounds", args.rounds, 3)
     import d2l_multi as d2l
     for k in counts:
         d2l.check_divisible(args.batch_size, k)
@@ -333,33 +336,37 @@ def predict_main(argv):
     import jax
     import jax.numpy as jnp
     import numpy as np
-    from jax.sharding import NamedSharding, PartitionSpec as P
-    B, cores = args.batch_size, len(os.sched_getaffinity(0)) if hasattr(
-        os, "sched_getaffinity") else os.cpu_count()
+    from jax.sharding import PartitionSpec as P
+    B = args.batch_size
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
 
+    @jax.jit
     def step(params, X, y):
         loss, grads = jax.value_and_grad(d2l.loss_fn)(params, X, y)
         return [p - 0.1 * g for p, g in zip(params, grads)], loss
     params = d2l.init_lenet_params(jax.random.key(0))
     grad_bytes = sum(p.size * p.dtype.itemsize for p in params)
-    batch = lambda b: (params, jnp.zeros((b, 28, 28, 1)), jnp.zeros(b, jnp.int32))
-    compute = {r["batch"]: r["seconds"] for r in d2l.measure_compute(
-        step, batch, sorted({B // k for k in counts}), args.repeat)}
+    images = lambda b: (jnp.zeros((b, 28, 28, 1)), jnp.zeros(b, jnp.int32))
     sizes = [4 ** i for i in range(7, 12)]  # 16 KB to 4 MB, around the gradient
-    print(f"global batch {B}, gradient {grad_bytes} bytes, {cores} cores")
+    rings = {k: ring(*d2l.fit_alpha_beta(sizes, [np.median(d2l.time_collective("psum", k, n))
+                                                 for n in sizes]), k)
+             for k in counts if k > 1}
+    samples = {k: [] for k in counts}
+    for _ in range(d2l.shrink(args.rounds, 1)):  # a k's two timings see the machine alike
+        for k in counts:
+            mesh = d2l.device_mesh((k,))
+            one = d2l.time_call(step, params, *images(B // k), repeat=args.repeat)
+            many = d2l.time_call(step, d2l.shard(params, mesh),
+                                 *d2l.shard(images(B), mesh, P("data")), repeat=args.repeat)
+            samples[k].append((one, many))
+    print(f"global batch {B}, gradient {grad_bytes} bytes, {cores} cores; medians of "
+          f"{d2l.shrink(args.rounds, 1)} rounds of {d2l.shrink(args.repeat, 2)} steps")
     print("| devices | measured ms | predicted ms | error | compute ms | allreduce ms |\n"
           "|---|---|---|---|---|---|")
-    for k in counts:
-        mesh = d2l.device_mesh((k,))
-        X, y = jax.device_put(batch(B)[1:], NamedSharding(mesh, P("data")))
-        measured = d2l.time_call(jax.jit(step), jax.device_put(params, NamedSharding(mesh, P())),
-                                 X, y, repeat=args.repeat)
-        alpha = beta = 0.0
-        if k > 1:
-            t = [np.median(d2l.time_collective("psum", k, n, 5)) for n in sizes]
-            alpha, beta = ring(*d2l.fit_alpha_beta(sizes, t), k)
-        b = min(compute, key=lambda b: abs(b - B // k))  # the smoke run keeps fewer sizes
-        predicted = d2l.predict_step_time(compute[b], k, grad_bytes, alpha, beta, num_parallel=cores)
+    for k, pairs in samples.items():
+        one, measured = np.median(pairs, axis=0)
+        alpha, beta = rings.get(k, (0.0, 0.0))
+        predicted = d2l.predict_step_time(one, k, grad_bytes, alpha, beta, num_parallel=cores)
         comm = d2l.predict_step_time(0.0, k, grad_bytes, alpha, beta)  # no compute: the allreduce
         print(f"| {k} | {1e3 * measured:.1f} | {1e3 * predicted:.1f} | "
               f"{100 * (predicted / measured - 1):+.0f} % | {1e3 * (predicted - comm):.1f} | "
