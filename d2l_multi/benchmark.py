@@ -339,6 +339,7 @@ def predict_main(argv):
     from jax.sharding import PartitionSpec as P
     B = args.batch_size
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    parallel = cores if d2l.devices()[0].platform == "cpu" else None  # accelerators: all at once
 
     @jax.jit
     def step(params, X, y):
@@ -359,14 +360,15 @@ def predict_main(argv):
             many = d2l.time_call(step, d2l.shard(params, mesh),
                                  *d2l.shard(images(B), mesh, P("data")), repeat=args.repeat)
             samples[k].append((one, many))
-    print(f"global batch {B}, gradient {grad_bytes} bytes, {cores} cores; medians of "
+    print(f"global batch {B}, gradient {grad_bytes} bytes, {cores} cores, devices computing at "
+          f"once: {parallel or 'all'}; medians of "
           f"{d2l.shrink(args.rounds, 1)} rounds of {d2l.shrink(args.repeat, 2)} steps")
     print("| devices | measured ms | predicted ms | error | compute ms | allreduce ms |\n"
           "|---|---|---|---|---|---|")
     for k, pairs in samples.items():
         one, measured = np.median(pairs, axis=0)
         alpha, beta = rings.get(k, (0.0, 0.0))
-        predicted = d2l.predict_step_time(one, k, grad_bytes, alpha, beta, num_parallel=cores)
+        predicted = d2l.predict_step_time(one, k, grad_bytes, alpha, beta, num_parallel=parallel)
         comm = d2l.predict_step_time(0.0, k, grad_bytes, alpha, beta)  # no compute: the allreduce
         print(f"| {k} | {1e3 * measured:.1f} | {1e3 * predicted:.1f} | "
               f"{100 * (predicted / measured - 1):+.0f} % | {1e3 * (predicted - comm):.1f} | "
