@@ -54,7 +54,7 @@ _MODULES = {  # module: the public names it holds, in the chapter's order
                    "saved_steps", "sharded_train_state", "state_specs", "train_steps"],
     "input_pipeline": ["ArraySource", "grain_loader"],
     # several processes
-    "distributed": ["check_device_counts", "detect_cluster", "global_batch",
+    "distributed": ["check_device_counts", "detect_cluster", "exit_worker", "global_batch",
                     "initialize_distributed", "launcher_settings", "process_batches"],
 }
 _HOME = {name: module for module, names in _MODULES.items() for name in names}

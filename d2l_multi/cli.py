@@ -8,6 +8,13 @@ import sys
 import tempfile
 
 
+class OneLineParser(argparse.ArgumentParser):
+    """An ArgumentParser whose errors are one line that names the fix (no usage block)."""
+
+    def error(self, message):
+        self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
+
 def positive(kind):
     """An argparse type: a finite number of ``kind`` greater than 0."""
     def parse(text):

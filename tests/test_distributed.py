@@ -1,12 +1,11 @@
 """Multi-process training on one machine: the launcher, initialize_distributed and their faults.
 
-Every job runs on 127.0.0.1 only. The equivalence test proves that 2 processes x 4 devices
-reach the same parameters as 1 process x 8 devices on the same global batches; the fault tests
-(each bounded well under a minute) kill a worker, take the port, and pass wrong counts.
+Every job runs on 127.0.0.1 only. The fault tests, each bounded, kill a worker and the
+launcher, let a worker raise while its peer sleeps, leave a child behind, run out of time, and
+feed the launcher and initialize_distributed wrong values.
 """
 import os
 import queue
-import signal
 import socket
 import subprocess
 import sys
@@ -18,7 +17,7 @@ import numpy as np
 import pytest
 
 import d2l_multi as d2l
-from d2l_multi import launch, mp_train
+from d2l_multi import launch
 
 PY = sys.executable
 
@@ -26,8 +25,8 @@ PY = sys.executable
 class Job:
     """A launcher subprocess whose merged output is read line by line in the background."""
 
-    def __init__(self, launcher_args, command):
-        env = dict(os.environ, D2L_MULTI_SMOKE="1", MPLBACKEND="Agg")
+    def __init__(self, launcher_args, command, **env):
+        env = dict(os.environ, D2L_MULTI_SMOKE="1", MPLBACKEND="Agg", **env)
         self.proc = subprocess.Popen(
             [PY, "-m", "d2l_multi", "launch", *launcher_args, "--", *command], env=env,
             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
@@ -39,10 +38,12 @@ class Job:
             self._queue.put(line.rstrip("\n"))
         self._queue.put(None)
 
-    def wait_for(self, text, timeout):
-        """Return the first output line containing ``text``; fail after ``timeout`` s."""
+    def wait_for(self, text, timeout, count=1):
+        """Return the first ``count`` output lines (so far or to come) containing ``text``;
+        fail after ``timeout`` s. Returns the line itself when ``count`` is 1."""
         deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
+        found = [line for line in self.lines if text in line]
+        while len(found) < count and time.monotonic() < deadline:
             try:
                 line = self._queue.get(timeout=0.2)
             except queue.Empty:
@@ -51,8 +52,11 @@ class Job:
                 break
             self.lines.append(line)
             if text in line:
-                return line
-        raise AssertionError(f"no line with {text!r} within {timeout} s:\n" + self.output)
+                found.append(line)
+        if len(found) < count:
+            raise AssertionError(f"not {count} line(s) with {text!r} within {timeout} s:\n"
+                                 + self.output)
+        return found[0] if count == 1 else found[:count]
 
     def finish(self, timeout):
         """Wait for the launcher to exit; return its exit status."""
@@ -73,7 +77,7 @@ class Job:
 
 def worker_pids(job):
     """{'p0': pid, ...} from the launcher's 'started p0 (pid 123), ...' line."""
-    line = job.wait_for("[launch] started", timeout=20)
+    line = job.wait_for("[launch] started", timeout=30)
     parts = line.split("started ", 1)[1].split(", ")
     return {p.split()[0]: int(p.split("pid ")[1].rstrip(")")) for p in parts}
 
@@ -87,52 +91,81 @@ def alive(pid):
         return False
 
 
-def mp_args(tmp_path=None, **kw):
-    argv = ["--num-train", "1024", "--num-val", "256", "--batch-size", "128"]
-    argv += [f"--{k.replace('_', '-')}={v}" for k, v in kw.items()]
-    if tmp_path is not None:
-        argv += ["--out", str(tmp_path)]
-    return argv
+# initialize_distributed, exit_worker, process_batches
 
 
-def test_two_processes_match_one_process(tmp_path):
-    """2 processes x 4 devices == 1 process x 8 devices after k steps on the same batches."""
-    job = Job(["--processes", "2", "--devices-per-process", "4"],
-              [PY, "-m", "d2l_multi.mp_train", *mp_args(tmp_path, steps=4)])
-    assert job.finish(timeout=80) == 0, job.output
-    assert "process 1 of 2: 4 local cpu devices of 8" in job.output
-    multi = np.load(tmp_path / "params.npz")
-    multi = [multi[f"arr_{i}"] for i in range(len(multi.files))]
-    args = mp_train.parser().parse_args(mp_args(steps=4))   # the same run, in this process
-    assert jax.process_count() == 1 and jax.device_count() == 8
-    single, history = mp_train.train(args)
-    assert history[-1]["steps"] == 4
-    for a, b in zip(multi, single):
-        np.testing.assert_allclose(a, np.asarray(b), rtol=1e-4, atol=1e-6)
-    # the checkpoint the two processes wrote together restores in one process with 8 devices
-    restored = mp_train.Checkpoints(tmp_path / "checkpoints").restore(1, single)
-    for a, b in zip(multi, restored):
-        np.testing.assert_array_equal(a, np.asarray(b))
+def test_launcher_settings_checks_process_id():
+    env = {"D2L_MULTI_COORDINATOR_ADDRESS": "127.0.0.1:1234", "D2L_MULTI_NUM_PROCESSES": "2",
+           "D2L_MULTI_PROCESS_ID": "2", "D2L_MULTI_DEVICES_PER_PROCESS": "4"}
+    with pytest.raises(ValueError, match="PROCESS_ID=2 but the job has only 2 processes"):
+        d2l.launcher_settings(env)
+    with pytest.raises(ValueError, match="NUM_PROCESSES='two' is not an integer"):
+        d2l.launcher_settings({**env, "D2L_MULTI_NUM_PROCESSES": "two"})
+    assert d2l.launcher_settings({**env, "D2L_MULTI_PROCESS_ID": "1"})["process_id"] == 1
+    assert d2l.launcher_settings({}) is None
 
 
-def test_killed_worker_stops_the_job(tmp_path):
-    """Kill p1 mid-run: the launcher stops p0, exits non-zero naming p1, leaves no process."""
-    job = Job(["-n", "2", "--devices-per-process", "2", "--grace-period", "2"],
-              [PY, "-m", "d2l_multi.mp_train", *mp_args(tmp_path, epochs=1000)])
-    pids = worker_pids(job)
-    job.wait_for("[p0] epoch 1:", timeout=50)
-    os.kill(pids["p1"], signal.SIGKILL)
-    killed = time.monotonic()
-    code = job.finish(timeout=30)
-    stopped_after = time.monotonic() - killed
-    assert code == 128 + signal.SIGKILL, job.output
-    assert "FAILED: worker p1 died first (killed by SIGKILL)" in job.output
-    assert stopped_after < 15, f"the job took {stopped_after:.1f} s to stop"
-    assert not any(alive(pid) for pid in pids.values()), job.output
-    # only complete checkpoints are visible, and the latest one restores
-    ckpt = mp_train.Checkpoints(tmp_path / "checkpoints")
-    if ckpt.latest() is not None:
-        ckpt.restore(ckpt.latest(), mp_train.init_params(mp_train.data_mesh()))
+def test_detect_cluster():
+    slurm = {"SLURM_JOB_ID": "7", "SLURM_STEP_NODELIST": "node[1-2]", "SLURM_NTASKS": "2",
+             "SLURM_PROCID": "0", "SLURM_LOCALID": "0"}
+    assert d2l.detect_cluster(slurm) == "slurm"
+    assert d2l.detect_cluster({**slurm, "SLURM_NTASKS": "1"}) is None  # one task: alone
+    assert d2l.detect_cluster({"OMPI_MCA_orte_hnp_uri": "x", "OMPI_COMM_WORLD_SIZE": "4"}) \
+        == "ompi"
+    assert d2l.detect_cluster({"KUBERNETES_SERVICE_HOST": "10.0.0.1"}) is None  # a pod
+    assert d2l.detect_cluster({"KUBERNETES_SERVICE_HOST": "10.0.0.1",
+                               "JOB_COMPLETION_INDEX": "0"}) == "k8s"
+    assert d2l.detect_cluster({}) is None
+
+
+def test_alone_is_a_no_op(monkeypatch):
+    for name in ["D2L_MULTI_COORDINATOR_ADDRESS", "SLURM_JOB_ID", "OMPI_MCA_orte_hnp_uri",
+                 "KUBERNETES_SERVICE_HOST", "TPU_WORKER_HOSTNAMES"]:
+        monkeypatch.delenv(name, raising=False)
+    assert d2l.initialize_distributed() == (0, 1)
+    assert not jax.distributed.is_initialized()
+
+
+@pytest.mark.parametrize("kwargs,message", [
+    (dict(heartbeat_timeout=0), "heartbeat_timeout must be a whole number of seconds >= 1"),
+    (dict(heartbeat_timeout="10"), "heartbeat_timeout must be a whole number of seconds"),
+    (dict(collective_timeout=-1), "collective_timeout must be a whole number of seconds"),
+    (dict(collective_timeout=2.5), "collective_timeout must be a whole number of seconds"),
+])
+def test_initialize_distributed_checks_its_arguments(kwargs, message):
+    with pytest.raises(ValueError, match=message):
+        d2l.initialize_distributed(**kwargs)
+
+
+@pytest.mark.parametrize("status", [-1, 256, 1.0, "1", True])
+def test_exit_worker_checks_the_status(status):
+    with pytest.raises(ValueError, match="status must be an exit status from 0 to 255"):
+        d2l.exit_worker(status)
+
+
+def test_exit_worker_alone_exits_normally():
+    for status in (0, 3):
+        with pytest.raises(SystemExit) as e:
+            d2l.exit_worker(status)
+        assert e.value.code == status
+
+
+def test_process_batches_split_global_batches(monkeypatch):
+    """Process p of 2 gets rows p*b/2..(p+1)*b/2 of every global batch; padding weighs 0."""
+    X, y = np.arange(10)[:, None], np.arange(10)
+    whole = list(d2l.process_batches(X, y, 4, shuffle=True, seed=1))
+    assert len(whole) == 2  # the last incomplete batch is dropped in training
+    parts = []
+    for p in range(2):
+        monkeypatch.setattr(jax, "process_count", lambda: 2)
+        monkeypatch.setattr(jax, "process_index", lambda p=p: p)
+        parts.append(list(d2l.process_batches(X, y, 4, shuffle=True, seed=1)))
+    for (Xw, yw, _), (X0, y0, _), (X1, y1, _) in zip(whole, *parts):
+        np.testing.assert_array_equal(Xw, np.concatenate([X0, X1]))
+        np.testing.assert_array_equal(yw, np.concatenate([y0, y1]))
+    monkeypatch.undo()
+    evals = list(d2l.process_batches(X, y, 4))  # evaluation: padded, not dropped
+    assert [w.tolist() for *_, w in evals] == [[1] * 4, [1] * 4, [1, 1, 0, 0]]
 
 
 WAIT_FOREVER = """
@@ -176,43 +209,6 @@ def test_survivor_fails_fast_without_launcher():
             p.wait()
 
 
-def test_port_in_use(capsys):
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        s.listen()
-        port = s.getsockname()[1]
-        code = launch.main(["--port", str(port), "--", PY, "-c", "pass"])
-    assert code == 2
-    err = capsys.readouterr().err
-    assert f"port {port} on 127.0.0.1 is already in use" in err and "--port" in err
-
-
-@pytest.mark.parametrize("argv,message", [
-    (["--processes", "0"], "--processes must be at least 1, got 0"),
-    (["-n", "-3"], "--processes must be at least 1, got -3"),
-    (["--devices-per-process", "0"], "--devices-per-process must be at least 1, got 0"),
-])
-def test_wrong_counts(capsys, argv, message):
-    assert launch.main([*argv, "--", PY, "-c", "pass"]) == 2
-    assert message in capsys.readouterr().err
-
-
-def test_no_command(capsys):
-    assert launch.main(["-n", "2"]) == 2
-    assert "no command to run" in capsys.readouterr().err
-
-
-def test_launcher_settings_checks_process_id():
-    env = {"D2L_MULTI_COORDINATOR_ADDRESS": "127.0.0.1:1234", "D2L_MULTI_NUM_PROCESSES": "2",
-           "D2L_MULTI_PROCESS_ID": "2", "D2L_MULTI_DEVICES_PER_PROCESS": "4"}
-    with pytest.raises(ValueError, match="PROCESS_ID=2 but the job has only 2 processes"):
-        d2l.launcher_settings(env)
-    with pytest.raises(ValueError, match="NUM_PROCESSES='two' is not an integer"):
-        d2l.launcher_settings({**env, "D2L_MULTI_NUM_PROCESSES": "two"})
-    assert d2l.launcher_settings({**env, "D2L_MULTI_PROCESS_ID": "1"})["process_id"] == 1
-    assert d2l.launcher_settings({}) is None
-
-
 def test_mismatched_device_counts():
     """A process with fewer devices than the others is refused by every process."""
     worker = ('if [ "$D2L_MULTI_PROCESS_ID" = 1 ]; then export '
@@ -224,56 +220,139 @@ def test_mismatched_device_counts():
     assert "--devices-per-process" in job.output
 
 
-def test_detect_cluster():
-    slurm = {"SLURM_JOB_ID": "7", "SLURM_STEP_NODELIST": "node[1-2]", "SLURM_NTASKS": "2",
-             "SLURM_PROCID": "0", "SLURM_LOCALID": "0"}
-    assert d2l.detect_cluster(slurm) == "slurm"
-    assert d2l.detect_cluster({**slurm, "SLURM_NTASKS": "1"}) is None  # one task: alone
-    assert d2l.detect_cluster({"OMPI_MCA_orte_hnp_uri": "x", "OMPI_COMM_WORLD_SIZE": "4"}) \
-        == "ompi"
-    assert d2l.detect_cluster({"KUBERNETES_SERVICE_HOST": "10.0.0.1"}) is None  # a pod
-    assert d2l.detect_cluster({"KUBERNETES_SERVICE_HOST": "10.0.0.1",
-                               "JOB_COMPLETION_INDEX": "0"}) == "k8s"
-    assert d2l.detect_cluster({}) is None
+RAISE_WHILE_PEER_SLEEPS = """
+import time, d2l_multi as d2l
+process, _ = d2l.initialize_distributed()
+print("joined", flush=True)
+if process == 1:
+    raise RuntimeError("the gloo context could not be set up")
+time.sleep(600)
+"""
 
 
-def test_alone_is_a_no_op(monkeypatch):
-    for name in ["D2L_MULTI_COORDINATOR_ADDRESS", "SLURM_JOB_ID", "OMPI_MCA_orte_hnp_uri",
-                 "KUBERNETES_SERVICE_HOST", "TPU_WORKER_HOSTNAMES"]:
-        monkeypatch.delenv(name, raising=False)
-    assert d2l.initialize_distributed() == (0, 1)
-    assert not jax.distributed.is_initialized()
+def test_a_worker_that_raises_ends_the_job_while_its_peer_sleeps():
+    """p1 raises after joining while p0 sleeps: p1 exits at once (instead of waiting in JAX's
+    shutdown barrier for p0) and the launcher stops p0."""
+    job = Job(["-n", "2", "--grace-period", "1"], [PY, "-c", RAISE_WHILE_PEER_SLEEPS])
+    job.wait_for("[p1] joined", timeout=60)
+    raised = time.monotonic()
+    assert job.finish(timeout=40) == 1, job.output
+    assert time.monotonic() - raised < 20
+    assert "RuntimeError: the gloo context could not be set up" in job.output
+    assert "FAILED: worker p1 died first (exit code 1)" in job.output
+    assert "p0 (pid" in job.output and "stopped by the launcher" in job.output
 
 
-def test_process_batches_split_global_batches(monkeypatch):
-    """Process p of 2 gets rows p*b/2..(p+1)*b/2 of every global batch; padding weighs 0."""
-    X, y = np.arange(10)[:, None], np.arange(10)
-    whole = list(d2l.process_batches(X, y, 4, shuffle=True, seed=1))
-    assert len(whole) == 2  # the last incomplete batch is dropped in training
-    parts = []
-    for p in range(2):
-        monkeypatch.setattr(jax, "process_count", lambda: 2)
-        monkeypatch.setattr(jax, "process_index", lambda p=p: p)
-        parts.append(list(d2l.process_batches(X, y, 4, shuffle=True, seed=1)))
-    for (Xw, yw, _), (X0, y0, _), (X1, y1, _) in zip(whole, *parts):
-        np.testing.assert_array_equal(Xw, np.concatenate([X0, X1]))
-        np.testing.assert_array_equal(yw, np.concatenate([y0, y1]))
-    monkeypatch.undo()
-    evals = list(d2l.process_batches(X, y, 4))  # evaluation: padded, not dropped
-    assert [w.tolist() for *_, w in evals] == [[1] * 4, [1] * 4, [1, 1, 0, 0]]
+# the launcher
 
 
-def test_workers_die_with_the_launcher():
-    """Even a launcher killed with SIGKILL leaves no worker behind (Linux)."""
-    if not sys.platform.startswith("linux"):
-        pytest.skip("PR_SET_PDEATHSIG is Linux-only")
-    job = Job(["-n", "2"], ["sleep", "60"])
-    pids = worker_pids(job)
+def test_port_in_use(capsys):
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        s.listen()
+        port = s.getsockname()[1]
+        code = launch.main(["--port", str(port), "--", PY, "-c", "pass"])
+    assert code == 2
+    err = capsys.readouterr().err
+    assert f"port {port} on 127.0.0.1 is already in use" in err and "--port" in err
+
+
+OK = ["--", PY, "-c", "pass"]  # a command that would run
+
+
+@pytest.mark.parametrize("argv,status,message", [
+    (["--processes", "0", *OK], 2, "--processes must be a whole number from 1 to 64, got 0"),
+    (["-n", "-3", *OK], 2, "--processes must be a whole number from 1 to 64, got -3"),
+    (["-n", "65", *OK], 2, "--processes must be a whole number from 1 to 64, got 65"),
+    (["-n", "two", *OK], 2, "argument --processes/-n: invalid int value: 'two'"),
+    (["--devices-per-process", "0", *OK], 2,
+     "--devices-per-process must be a whole number at least 1, got 0"),
+    (["--heartbeat-timeout", "0", *OK], 2, "--heartbeat-timeout must be a whole number at least 1"),
+    (["--collective-timeout", "-5", *OK], 2, "--collective-timeout must be a whole number at"),
+    (["--grace-period", "-1", *OK], 2, "--grace-period must be a finite number of seconds >= 0, "
+                                       "got -1.0"),
+    (["--grace-period", "nan", *OK], 2, "--grace-period must be a finite number of seconds"),
+    (["--grace-period", "inf", *OK], 2, "--grace-period must be a finite number of seconds"),
+    (["--timeout", "0", *OK], 2, "--timeout must be a finite number of seconds > 0, got 0.0"),
+    (["--timeout", "nan", *OK], 2, "--timeout must be a finite number of seconds > 0, got nan"),
+    (["--timeout", "-3", *OK], 2, "--timeout must be a finite number of seconds > 0"),
+    (["--port", "0", *OK], 2, "--port 0 is not a TCP port; use 1..65535"),
+    (["--port", "70000", *OK], 2, "--port 70000 is not a TCP port; use 1..65535"),
+    (["--bogus", *OK], 2, "unrecognized arguments: --bogus"),
+    (["-n", "2", "--"], 2, "no command to run; put it after '--'"),
+    (["-n", "2"], 2, "no command to run; put it after '--'"),
+    (["--", "no-such-program-d2l"], 127, "cannot find the program 'no-such-program-d2l'"),
+    (["--", "no_such_script.py"], 127, "no Python script 'no_such_script.py'"),
+])
+def test_launch_refuses_bad_arguments_before_starting_anything(capsys, argv, status, message):
+    start = time.monotonic()
+    assert launch.main(argv) == status
+    err = capsys.readouterr().err
+    assert message in err, err
+    assert len(err.strip().splitlines()) == 1 and "Traceback" not in err, err
+    assert time.monotonic() - start < 5
+
+
+@pytest.mark.parametrize("kwargs,message", [
+    (dict(processes=0), "--processes must be a whole number from 1 to 64, got 0"),
+    (dict(processes=2.0), "--processes must be a whole number from 1 to 64, got 2.0"),
+    (dict(devices_per_process=True), "--devices-per-process must be a whole number"),
+    (dict(timeout=float("inf")), "--timeout must be a finite number of seconds > 0, got inf"),
+    (dict(grace_period="2"), "--grace-period must be a finite number of seconds >= 0"),
+    (dict(command=[]), "no command to run"),
+])
+def test_launch_run_checks_its_arguments(kwargs, message):
+    settings = {"command": [PY, "-c", "pass"], "processes": 1, "devices_per_process": 1,
+                **kwargs}
+    with pytest.raises(launch.LaunchError, match=message):
+        launch.run(**settings)
+    assert issubclass(launch.LaunchError, ValueError)
+
+
+def test_workers_and_their_children_die_with_the_launcher():
+    """Even a launcher killed with SIGKILL leaves no worker, nor a worker's child, behind."""
+    job = Job(["-n", "2"], ["sh", "-c", 'sleep 60 & echo "child $!"; wait'])
+    pids = set(worker_pids(job).values())
+    pids |= {int(line.split("child ")[1]) for line in job.wait_for("] child ", 20, count=2)}
+    assert len(pids) == 4 and all(alive(pid) for pid in pids)
     job.proc.kill()
     job.proc.wait(timeout=10)
     deadline = time.monotonic() + 10
-    while any(alive(pid) for pid in pids.values()) and time.monotonic() < deadline:
+    while any(alive(pid) for pid in pids) and time.monotonic() < deadline:
         time.sleep(0.1)
+    assert not any(alive(pid) for pid in pids)
+
+
+def test_a_finished_worker_s_leftover_child_does_not_hang_the_launcher():
+    """A worker exits 0 but its child keeps the output pipe open: the launcher kills the child
+    after the grace period, says so, and exits 0."""
+    job = Job(["-n", "1", "--grace-period", "0.5"], ["sh", "-c", 'sleep 60 & echo "child $!"'])
+    child = int(job.wait_for("[p0] child ", timeout=20).split("child ")[1])
+    assert job.finish(timeout=20) == 0, job.output
+    assert "p0 (pid" in job.output and "left processes running in its process group; " \
+                                         "killing them" in job.output
+    assert "all 1 worker(s) finished OK" in job.output
+    deadline = time.monotonic() + 5
+    while alive(child) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not alive(child)
+
+
+SLOW_START = ('echo initialising; if [ "$D2L_MULTI_PROCESS_ID" = 1 ]; then sleep 1; '
+              'echo "step 1"; fi; exec sleep 60')
+
+
+def test_timeout_stops_the_job_and_names_the_worker_it_waits_on():
+    job = Job(["-n", "2", "--timeout", "3", "--grace-period", "0.5"], ["sh", "-c", SLOW_START])
+    pids = worker_pids(job)
+    start = time.monotonic()
+    assert job.finish(timeout=30) == launch.TIMEOUT_STATUS, job.output
+    assert time.monotonic() - start < 15
+    out = job.output
+    assert "timed out: the job did not finish within --timeout 3 s; still running: p0" in out
+    assert "p0 (pid" in out and "last printed" in out and "'initialising'" in out
+    assert "'step 1'" in out
+    assert "the job waits on p0" in out and "FAILED: stopped by --timeout 3 s" in out
     assert not any(alive(pid) for pid in pids.values())
 
 
