@@ -1,11 +1,17 @@
-"""Multi-process training on one machine: the launcher, initialize_distributed and their faults.
+"""Multi-process training on one machine: the launcher, initialize_distributed, mp_train and
+their faults.
 
-Every job runs on 127.0.0.1 only. The fault tests, each bounded, kill a worker and the
-launcher, let a worker raise while its peer sleeps, leave a child behind, run out of time, and
-feed the launcher and initialize_distributed wrong values.
+Every job runs on 127.0.0.1 only. mp_train stopped and resumed reaches the parameters of an
+uninterrupted run, in 1 process (bit for bit) and in 2 processes x 4 devices after a crash (up
+to rounding, against 1 process x 8 devices). The fault tests, each bounded, kill a worker and
+the launcher, let a worker raise while its peer sleeps, leave a child behind, run out of time,
+and feed every command and function wrong values.
 """
+import json
 import os
+import pathlib
 import queue
+import signal
 import socket
 import subprocess
 import sys
@@ -17,7 +23,8 @@ import numpy as np
 import pytest
 
 import d2l_multi as d2l
-from d2l_multi import launch
+from d2l_multi import launch, mp_train
+from trees import assert_trees_close
 
 PY = sys.executable
 
@@ -89,6 +96,13 @@ def alive(pid):
             return f.read().rsplit(")", 1)[1].split()[0] != "Z"
     except FileNotFoundError:
         return False
+
+
+def snapshot(directory):
+    """Every path under ``directory`` with its size and modification time."""
+    root = pathlib.Path(directory)
+    return {str(p): (p.stat().st_size, p.stat().st_mtime_ns)
+            for p in [root, *sorted(root.rglob("*"))]}
 
 
 # initialize_distributed, exit_worker, process_batches
@@ -364,3 +378,212 @@ def test_gloo_chatter_is_dropped():
     assert launch.drop_gloo_chatter("0 is connected to ") == ""
     assert launch.drop_gloo_chatter("epoch 1: loss [Gloo] Rank ") == "epoch 1: loss "
     assert launch.drop_gloo_chatter("epoch 1: loss 2.3") == "epoch 1: loss 2.3"
+
+
+# mp_train
+
+
+# 512 examples in global batches of 128: 4 steps per epoch, 8 in all; checkpoints at 3, 6, 8
+MP = ["--num-train", "512", "--num-val", "256", "--batch-size", "128", "--epochs", "2",
+      "--save-every", "3"]
+
+
+def parse(argv):
+    return mp_train.parser().parse_args([str(a) for a in argv])
+
+
+@pytest.fixture(scope="module")
+def uninterrupted():
+    """The reference: mp_train's 8 steps without a break, here (1 process x 8 devices)."""
+    assert jax.process_count() == 1 and jax.device_count() == 8
+    params, history = mp_train.train(parse(MP))
+    assert [row["steps"] for row in history] == [4, 8]
+    return [np.asarray(p) for p in params]
+
+
+def test_one_process_resumes_exactly_where_it_stopped(tmp_path, uninterrupted):
+    """Stopped mid-epoch by --steps 5, resumed: the parameters of the uninterrupted run."""
+    args = [*MP, "--out", tmp_path]
+    _, first = mp_train.train(parse([*args, "--steps", 5]))
+    assert [row["steps"] for row in first] == [4, 5]
+    assert d2l.saved_steps(tmp_path / "checkpoints") == [3, 5]
+    params, second = mp_train.train(parse([*args, "--resume"]))
+    assert [(row["epoch"], row["steps"]) for row in second] == [(2, 8)]
+    for a, b in zip(params, uninterrupted):
+        np.testing.assert_array_equal(np.asarray(a), b)  # same mesh, same batches: bit for bit
+    log = json.loads((tmp_path / "log.json").read_text())
+    assert [(row["epoch"], row["steps"]) for row in log] == [(1, 4), (2, 5), (2, 8)]
+    saved = np.load(tmp_path / "params.npz")
+    for i, b in enumerate(uninterrupted):
+        np.testing.assert_array_equal(saved[f"arr_{i}"], b)
+
+
+def test_two_processes_crash_resume_and_match_one_process(tmp_path, uninterrupted):
+    """2 processes x 4 devices: p1 dies at step 4, the launcher stops p0 at once and leaves no
+    process; the checkpoint of step 3 resumes mid-epoch, and the run ends with the parameters
+    of the uninterrupted 1 x 8 run (up to the order of sums)."""
+    args = [PY, "-m", "d2l_multi.mp_train", *MP, "--out", str(tmp_path)]
+    job = Job(["-n", "2", "--devices-per-process", "4", "--grace-period", "2"],
+              [*args, "--crash-at-step", "4"])
+    pids = worker_pids(job)
+    job.wait_for("crashing on purpose at step 4", timeout=150)
+    crashed = time.monotonic()
+    code = job.finish(timeout=30)
+    stopped_after = time.monotonic() - crashed
+    assert code == 128 + signal.SIGKILL, job.output
+    assert "FAILED: worker p1 died first (killed by SIGKILL)" in job.output
+    assert "process 1 of 2: 4 local cpu devices of 8" in job.output
+    assert stopped_after < 15, f"the job took {stopped_after:.1f} s to stop"
+    assert not any(alive(pid) for pid in pids.values()), job.output
+    assert d2l.saved_steps(tmp_path / "checkpoints") == [3]  # 6 was never reached
+    job = Job(["-n", "2", "--devices-per-process", "4"], [*args, "--resume"])
+    assert job.finish(timeout=150) == 0, job.output
+    assert "resumed from the checkpoint of step 3 (epoch 1, batch 3 of 4)" in job.output
+    multi = np.load(tmp_path / "params.npz")
+    multi = [multi[f"arr_{i}"] for i in range(len(multi.files))]
+    assert_trees_close(multi, uninterrupted, dict(rtol=1e-4, atol=1e-6))
+    # the checkpoint the two processes wrote together restores in this one process
+    assert d2l.saved_steps(tmp_path / "checkpoints") == [6, 8]
+    state = d2l.restore_checkpoint(tmp_path / "checkpoints",
+                                   mp_train.abstract_state(mp_train.data_mesh()))
+    assert int(state["step"]) == 8
+    for a, b in zip(state["params"], multi):
+        np.testing.assert_array_equal(np.asarray(a), b)
+
+
+def test_resuming_refuses_checkpoints_of_another_run(tmp_path, capsys):
+    """Checkpoints in --out without --resume, or written with other data sizes, or past the
+    end of the run: refused, naming the fix, and nothing changes."""
+    args = [*MP, "--steps", "3", "--out", tmp_path]
+    mp_train.train(parse(args))
+    before = snapshot(tmp_path)
+    for argv, message in [
+            (args, "already holds checkpoints (steps [3]); pass --resume to continue from "
+                   "step 3, or another --out"),
+            ([*args, "--resume", "--batch-size", "64"],
+             "was written with --batch-size 128 and 512 training examples"),
+            ([*args, "--resume", "--num-train", "1024"], "and 512 training examples"),
+            ([*args, "--resume", "--steps", "2"], "is of step 3, past the last step of this "
+                                                  "run (2)")]:
+        assert mp_train.main([str(a) for a in argv]) == 2
+        err = capsys.readouterr().err
+        assert message in err and "Traceback" not in err, err
+    assert snapshot(tmp_path) == before
+
+
+def test_resume_with_nothing_to_resume_says_so(tmp_path, capsys):
+    assert mp_train.main([*MP, "--steps", "1", "--resume", "--out", str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    assert f"no checkpoint in {tmp_path / 'checkpoints'}: starting from step 0" in out
+    assert d2l.saved_steps(tmp_path / "checkpoints") == [1]
+
+
+@pytest.mark.parametrize("argv,status,message", [
+    (["--epochs", "0"], 2, "argument --epochs: must be a finite number > 0, got 0"),
+    (["--epochs", "-2"], 2, "argument --epochs: must be a finite number > 0, got -2"),
+    (["--epochs", "ten"], 2, "argument --epochs: expected a whole number, got 'ten'"),
+    (["--batch-size", "0"], 2, "argument --batch-size: must be a finite number > 0, got 0"),
+    (["--batch-size", "100"], 2, "--batch-size 100 does not divide evenly over 8 devices (1 "
+                                 "process(es)); use a multiple of 8, e.g. 96 or 104"),
+    (["--num-train", "0"], 2, "argument --num-train: must be a finite number > 0, got 0"),
+    (["--num-train", "60001"], 2, "--num-train 60001: Fashion-MNIST has only 60000 of those "
+                                  "examples; pass at most 60000"),
+    (["--num-val", "-1"], 2, "argument --num-val: must be a finite number > 0, got -1"),
+    (["--num-val", "10001"], 2, "--num-val 10001: Fashion-MNIST has only 10000"),
+    (["--num-train", "100"], 2, "100 training examples make less than one global batch of "
+                                "--batch-size 128; pass a --batch-size of at most 100, or "
+                                "more --num-train"),
+    (["--steps", "0"], 2, "argument --steps: must be a finite number > 0, got 0"),
+    (["--save-every", "-4"], 2, "argument --save-every: must be a finite number > 0, got -4"),
+    (["--crash-at-step", "0"], 2, "argument --crash-at-step: must be a finite number > 0"),
+    (["--crash-at-step", "9"], 2, "--crash-at-step 9 is after the last step of this run (8: "
+                                  "2 epoch(s) of 4 steps, --steps None); pass a step from 1 "
+                                  "to 8"),
+    (["--steps", "3", "--crash-at-step", "4"], 2, "pass a step from 1 to 3"),
+    (["--lr", "nan"], 2, "argument --lr: must be a finite number > 0, got nan"),
+    (["--lr", "inf"], 2, "argument --lr: must be a finite number > 0, got inf"),
+    (["--lr", "-0.1"], 2, "argument --lr: must be a finite number > 0, got -0.1"),
+    (["--lr", "0"], 2, "argument --lr: must be a finite number > 0, got 0"),
+    (["--resume"], 2, "--resume needs --out: the checkpoints are in OUT/checkpoints"),
+    (["--out", "FILE"], 1, "--out FILE is a file, not a folder; pass a folder"),
+    (["--out", "FILE/run"], 1, "is a file, not a folder; pass a folder"),
+    (["--out", "/proc/d2l_multi_run"], 1, "cannot write into --out /proc/d2l_multi_run"),
+    (["--bogus"], 2, "unrecognized arguments: --bogus (see python -m d2l_multi.mp_train "
+                     "--help)"),
+])
+def test_mp_train_refuses_bad_values_at_once_writing_nothing(tmp_path, capsys, argv, status,
+                                                             message):
+    (tmp_path / "FILE").write_text("not a folder")
+    before = snapshot(tmp_path)
+    argv = [a.replace("FILE", str(tmp_path / "FILE")) for a in argv]
+    message = message.replace("FILE", str(tmp_path / "FILE"))
+    start = time.monotonic()
+    assert mp_train.main([*MP, *argv]) == status
+    assert time.monotonic() - start < 30  # refused before any training
+    err = capsys.readouterr().err
+    assert err.strip().splitlines()[-1].endswith(message) or message in err, err
+    assert err.count("error:") == 1 and "Traceback" not in err, err
+    assert snapshot(tmp_path) == before
+
+
+@pytest.mark.parametrize("option,value", [("epochs", 0), ("lr", float("nan")),
+                                          ("batch_size", 2.5), ("steps", True)])
+def test_mp_train_train_checks_arguments_that_bypass_the_parser(option, value):
+    args = parse(MP)
+    setattr(args, option, value)
+    with pytest.raises(ValueError, match=rf"--{option.replace('_', '-')} must be a .* > 0, "
+                                         rf"got {value!r}"):
+        mp_train.train(args)
+
+
+def test_mp_train_command_prints_one_line_without_traceback():
+    result = subprocess.run([PY, "-m", "d2l_multi.mp_train", "--epochs", "0"],
+                            capture_output=True, text=True, timeout=60)
+    assert result.returncode == 2
+    assert result.stderr.strip() == ("python -m d2l_multi.mp_train: error: argument --epochs: "
+                                     "must be a finite number > 0, got 0 (see python -m "
+                                     "d2l_multi.mp_train --help)")
+
+
+def test_a_diverging_run_stops_and_commits_no_non_finite_checkpoint(tmp_path, capsys,
+                                                                      monkeypatch):
+    import orbax.checkpoint as ocp
+    opened, init, close = [], ocp.CheckpointManager.__init__, ocp.CheckpointManager.close
+
+    def tracked_init(self, *args, **kwargs):
+        init(self, *args, **kwargs)
+        opened.append(self)
+
+    def tracked_close(self):
+        opened.remove(self)
+        close(self)
+    monkeypatch.setattr(ocp.CheckpointManager, "__init__", tracked_init)
+    monkeypatch.setattr(ocp.CheckpointManager, "close", tracked_close)
+    code = mp_train.main([*MP, "--lr", "1e30", "--save-every", "1", "--out", str(tmp_path)])
+    err = capsys.readouterr().err
+    assert code == 1, err
+    assert "the loss became nan at step 2 (epoch 1) with --lr 1e+30; the learning rate is " \
+           "too large: try a smaller one, e.g. --lr 0.2" in err and "Traceback" not in err
+    assert opened == []  # every checkpoint manager was closed
+    steps = d2l.saved_steps(tmp_path / "checkpoints")
+    assert steps == [1]
+    for step in steps:
+        state = d2l.restore_checkpoint(tmp_path / "checkpoints",
+                                       mp_train.abstract_state(mp_train.data_mesh()), step)
+        d2l.check_finite(state)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["checkpoints"]
+
+
+def test_damaged_data_under_the_launcher_is_one_line_per_worker(tmp_path):
+    data = tmp_path / "fashion-mnist"
+    data.mkdir()
+    for name in ["train-images-idx3-ubyte.gz", "train-labels-idx1-ubyte.gz",
+                 "t10k-images-idx3-ubyte.gz", "t10k-labels-idx1-ubyte.gz"]:
+        (data / name).write_bytes(b"not gzip")
+    job = Job(["-n", "2"], [PY, "-m", "d2l_multi.mp_train", *MP], D2L_MULTI_DATA=str(tmp_path))
+    assert job.finish(timeout=90) == 1, job.output
+    first = job.wait_for("died first (exit code 1)", timeout=1).split("worker ")[1].split()[0]
+    errors = [line for line in job.lines if line.startswith(f"[{first}] ")]
+    assert len(errors) == 1 and "cannot decompress" in errors[0], job.output
+    assert errors[0].startswith(f"[{first}] python -m d2l_multi.mp_train: error: ")
+    assert "Traceback" not in job.output
