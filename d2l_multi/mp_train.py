@@ -240,7 +240,15 @@ def _start(args, plan, mesh, checkpoints):
         if args.resume:
             log(f"no checkpoint in {checkpoints}: starting from step 0")
         return init_params(mesh), 0
-    state = d2l.restore_checkpoint(checkpoints, abstract_state(mesh))
+    try:
+        state = d2l.restore_checkpoint(checkpoints, abstract_state(mesh))
+    except d2l.CheckpointError as e:
+        cause = e.__cause__
+        back = f"step {steps[-2]}" if len(steps) > 1 else "step 0"
+        raise d2l.CheckpointError(
+            f"the latest checkpoint {checkpoints / str(steps[-1])} is damaged "
+            f"({type(cause).__name__}: {str(cause)[:200]}); delete that folder to resume from "
+            f"{back}, or pass another --out") from e
     saved = {k: int(v) for k, v in state["data"].items()}
     if saved != {"batch_size": args.batch_size, "num_train": plan.num_train}:
         raise ValueError(f"{checkpoints} was written with --batch-size {saved['batch_size']} "

@@ -11,6 +11,7 @@ import json
 import os
 import pathlib
 import queue
+import shutil
 import signal
 import socket
 import subprocess
@@ -214,7 +215,7 @@ def test_survivor_fails_fast_without_launcher():
         code = procs[0].wait(timeout=40)
         waited = time.monotonic() - killed
         output = procs[0].stdout.read()
-        assert code != 0
+        assert code == -signal.SIGABRT, output[-2000:]  # JAX's fatal error: abort()
         assert waited < 25, f"the survivor took {waited:.1f} s to notice"
         assert "another task died" in output or "heartbeat" in output, output[-2000:]
     finally:
@@ -229,8 +230,9 @@ def test_mismatched_device_counts():
               'D2L_MULTI_DEVICES_PER_PROCESS=2; fi; exec "$0" -c '
               '"import d2l_multi as d2l; d2l.initialize_distributed()"')
     job = Job(["-n", "2", "--devices-per-process", "4"], ["sh", "-c", worker, PY])
-    assert job.finish(timeout=40) != 0
-    assert "process 0: 4, process 1: 2" in job.output
+    assert job.finish(timeout=40) == 1, job.output
+    assert "ValueError: every process should have 4 device(s), but process 0: 4, process 1: 2" \
+        in job.output
     assert "--devices-per-process" in job.output
 
 
@@ -383,8 +385,8 @@ def test_gloo_chatter_is_dropped():
 # mp_train
 
 
-# 512 examples in global batches of 128: 4 steps per epoch, 8 in all; checkpoints at 3, 6, 8
-MP = ["--num-train", "512", "--num-val", "256", "--batch-size", "128", "--epochs", "2",
+# 256 examples in global batches of 64: 4 steps per epoch, 8 in all; checkpoints at 3, 6, 8
+MP = ["--num-train", "256", "--num-val", "64", "--batch-size", "64", "--epochs", "2",
       "--save-every", "3"]
 
 
@@ -401,19 +403,29 @@ def uninterrupted():
     return [np.asarray(p) for p in params]
 
 
-def test_one_process_resumes_exactly_where_it_stopped(tmp_path, uninterrupted):
-    """Stopped mid-epoch by --steps 5, resumed: the parameters of the uninterrupted run."""
-    args = [*MP, "--out", tmp_path]
+@pytest.fixture(scope="module")
+def resumed(tmp_path_factory):
+    """mp_train stopped mid-epoch by --steps 5 (checkpoints at 3 and 5), then resumed."""
+    out = tmp_path_factory.mktemp("resumed")
+    args = [*MP, "--out", out]
     _, first = mp_train.train(parse([*args, "--steps", 5]))
-    assert [row["steps"] for row in first] == [4, 5]
-    assert d2l.saved_steps(tmp_path / "checkpoints") == [3, 5]
+    steps_after_stop = d2l.saved_steps(out / "checkpoints")
     params, second = mp_train.train(parse([*args, "--resume"]))
-    assert [(row["epoch"], row["steps"]) for row in second] == [(2, 8)]
-    for a, b in zip(params, uninterrupted):
-        np.testing.assert_array_equal(np.asarray(a), b)  # same mesh, same batches: bit for bit
-    log = json.loads((tmp_path / "log.json").read_text())
+    return dict(out=out, args=args, first=first, steps_after_stop=steps_after_stop,
+                params=[np.asarray(p) for p in params], second=second)
+
+
+def test_one_process_resumes_exactly_where_it_stopped(resumed, uninterrupted):
+    """The resumed run ends with the parameters of the uninterrupted one, bit for bit (the
+    same mesh, the same batches in the same order)."""
+    assert [row["steps"] for row in resumed["first"]] == [4, 5]
+    assert resumed["steps_after_stop"] == [3, 5]
+    assert [(row["epoch"], row["steps"]) for row in resumed["second"]] == [(2, 8)]
+    for a, b in zip(resumed["params"], uninterrupted):
+        np.testing.assert_array_equal(a, b)
+    log = json.loads((resumed["out"] / "log.json").read_text())
     assert [(row["epoch"], row["steps"]) for row in log] == [(1, 4), (2, 5), (2, 8)]
-    saved = np.load(tmp_path / "params.npz")
+    saved = np.load(resumed["out"] / "params.npz")
     for i, b in enumerate(uninterrupted):
         np.testing.assert_array_equal(saved[f"arr_{i}"], b)
 
@@ -451,24 +463,49 @@ def test_two_processes_crash_resume_and_match_one_process(tmp_path, uninterrupte
         np.testing.assert_array_equal(np.asarray(a), b)
 
 
-def test_resuming_refuses_checkpoints_of_another_run(tmp_path, capsys):
+def test_resuming_refuses_checkpoints_of_another_run(resumed, capsys):
     """Checkpoints in --out without --resume, or written with other data sizes, or past the
     end of the run: refused, naming the fix, and nothing changes."""
-    args = [*MP, "--steps", "3", "--out", tmp_path]
-    mp_train.train(parse(args))
-    before = snapshot(tmp_path)
+    args, before = resumed["args"], snapshot(resumed["out"])
     for argv, message in [
-            (args, "already holds checkpoints (steps [3]); pass --resume to continue from "
-                   "step 3, or another --out"),
-            ([*args, "--resume", "--batch-size", "64"],
-             "was written with --batch-size 128 and 512 training examples"),
-            ([*args, "--resume", "--num-train", "1024"], "and 512 training examples"),
-            ([*args, "--resume", "--steps", "2"], "is of step 3, past the last step of this "
+            (args, "already holds checkpoints (steps [6, 8]); pass --resume to continue from "
+                   "step 8, or another --out"),
+            ([*args, "--resume", "--batch-size", "32"],
+             "was written with --batch-size 64 and 256 training examples"),
+            ([*args, "--resume", "--num-train", "1024"], "and 256 training examples"),
+            ([*args, "--resume", "--steps", "2"], "is of step 8, past the last step of this "
                                                   "run (2)")]:
         assert mp_train.main([str(a) for a in argv]) == 2
         err = capsys.readouterr().err
         assert message in err and "Traceback" not in err, err
-    assert snapshot(tmp_path) == before
+    assert snapshot(resumed["out"]) == before
+
+
+def test_a_damaged_checkpoint_is_one_line_naming_the_fix(resumed, tmp_path, capsys):
+    out = tmp_path / "run"
+    shutil.copytree(resumed["out"], out)
+    metadata = out / "checkpoints" / "8" / "state" / "_METADATA"
+    metadata.write_bytes(metadata.read_bytes()[:50])
+    before = snapshot(out)
+    assert mp_train.main([*MP, "--out", str(out), "--resume"]) == 1
+    err = capsys.readouterr().err
+    assert f"the latest checkpoint {out / 'checkpoints' / '8'} is damaged (" in err
+    assert "delete that folder to resume from step 6, or pass another --out" in err
+    assert err.count("error:") == 1 and "Traceback" not in err, err
+    assert snapshot(out) == before
+
+
+def test_a_worker_whose_coordinator_port_is_taken_says_so(capsys):
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        result = subprocess.run([PY, "-m", "d2l_multi.mp_train", *MP], capture_output=True,
+                                env=launch.worker_env(0, 2, 1, port), text=True, timeout=90)
+    assert result.returncode == 1, result.stderr
+    assert (f"python -m d2l_multi.mp_train: error: process 0 could not start the coordinator "
+            f"on 127.0.0.1:{port}: that port is in use") in result.stderr
+    assert "Traceback" not in result.stderr
 
 
 def test_resume_with_nothing_to_resume_says_so(tmp_path, capsys):
@@ -490,9 +527,9 @@ def test_resume_with_nothing_to_resume_says_so(tmp_path, capsys):
                                   "examples; pass at most 60000"),
     (["--num-val", "-1"], 2, "argument --num-val: must be a finite number > 0, got -1"),
     (["--num-val", "10001"], 2, "--num-val 10001: Fashion-MNIST has only 10000"),
-    (["--num-train", "100"], 2, "100 training examples make less than one global batch of "
-                                "--batch-size 128; pass a --batch-size of at most 100, or "
-                                "more --num-train"),
+    (["--num-train", "50"], 2, "50 training examples make less than one global batch of "
+                               "--batch-size 64; pass a --batch-size of at most 50, or more "
+                               "--num-train"),
     (["--steps", "0"], 2, "argument --steps: must be a finite number > 0, got 0"),
     (["--save-every", "-4"], 2, "argument --save-every: must be a finite number > 0, got -4"),
     (["--crash-at-step", "0"], 2, "argument --crash-at-step: must be a finite number > 0"),
