@@ -11,8 +11,10 @@ shutdown barrier for every peer, minutes if one of them hangs or sleeps. So afte
 uncaught exception ends the process at once (``initialize_distributed`` installs that hook),
 and a worker ends with ``exit_worker(status)``, which does the same for a failure status.
 """
+import errno
 import math
 import os
+import socket
 import sys
 
 import jax
@@ -141,6 +143,24 @@ def _bound_cpu_waits(collective):
     jax.config.update("jax_cpu_get_global_topology_timeout_minutes", minutes + 1)
 
 
+def _port_in_use(address):
+    """The OSError for process 0 when something holds the coordinator's port. JAX's service
+    binds it on every interface; its own failure to do so can crash the process."""
+    message = (f"process 0 could not start the coordinator on {address}: that port is in "
+               f"use. Launch again without --port to get a free one")
+    port = int(address.rsplit(":", 1)[1])
+    for family, host in ((socket.AF_INET6, "::"), (socket.AF_INET, "0.0.0.0")):
+        try:
+            with socket.socket(family, socket.SOCK_STREAM) as s:
+                s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+                s.bind((host, port))
+                return None
+        except OSError as e:
+            if e.errno == errno.EADDRINUSE:
+                return OSError(message)
+    return None  # neither family could be tried: leave it to JAX
+
+
 def initialize_distributed(heartbeat_timeout=None, collective_timeout=None):
     """Join this process to its job; return ``(process_index, process_count)``.
 
@@ -180,6 +200,8 @@ def initialize_distributed(heartbeat_timeout=None, collective_timeout=None):
         d2l.check_device_counts()
         return jax.process_index(), jax.process_count()
     k, pid = settings["devices_per_process"], settings["process_id"]
+    if pid == 0 and (taken := _port_in_use(settings["coordinator_address"])):
+        raise taken
     try:
         jax.distributed.initialize(
             settings["coordinator_address"], settings["num_processes"], pid,
@@ -188,10 +210,9 @@ def initialize_distributed(heartbeat_timeout=None, collective_timeout=None):
     except jax.errors.JaxRuntimeError as e:
         if "Failed to start RPC server" not in str(e):
             raise
-        raise OSError(
-            f"process 0 could not start the coordinator on "
-            f"{settings['coordinator_address']}: that port is in use. Launch again "
-            f"without --port to get a free one") from None
+        raise OSError(f"process 0 could not start the coordinator on "
+                      f"{settings['coordinator_address']}: that port is in use. Launch "
+                      f"again without --port to get a free one") from None
     d2l.check_device_counts(k)
     return jax.process_index(), jax.process_count()
 

@@ -273,6 +273,11 @@ def test_a_step_that_was_not_saved_lists_the_saved_ones(run, bad_inputs):
         d2l.restore_checkpoint(run["dir"], bad_inputs["target"], step=7)
 
 
+# Orbax 0.12.8 closes its event loop as soon as one chunk fails to read; TensorStore then
+# completes the other reads and their callbacks find the loop closed (no manager is left open:
+# the test checks that).
+@pytest.mark.filterwarnings(r"ignore:Exception ignored in. None[\s\S]*Event loop is closed"
+                            r":pytest.PytestUnraisableExceptionWarning")
 @pytest.mark.parametrize("damage", ["metadata", "chunks", "empty step"])
 def test_damaged_checkpoints_raise_checkpoint_error_and_are_left_alone(run, bad_inputs, damage,
                                                                        open_managers):
