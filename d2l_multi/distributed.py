@@ -90,6 +90,11 @@ def detect_cluster(environ=None):
 
 def check_device_counts(devices_per_process=None):
     """Raise unless every process has ``devices_per_process`` devices (default: as process 0)."""
+    if devices_per_process is not None and (isinstance(devices_per_process, bool) or not
+                                            isinstance(devices_per_process, int)
+                                            or devices_per_process < 1):
+        raise ValueError(f"devices_per_process must be a positive integer or None, got "
+                         f"{devices_per_process!r}")
     counts = {}
     for dev in jax.devices():
         counts[dev.process_index] = counts.get(dev.process_index, 0) + 1
@@ -225,8 +230,15 @@ def process_batches(X, y, batch_size, shuffle=False, seed=0, epoch=0):
     ``p*b/P .. (p+1)*b/P`` of it. With ``shuffle`` (training) the last incomplete batch is
     dropped; without it (evaluation) it is padded with rows of weight 0.
     """
+    if len(X) != len(y):
+        raise ValueError(f"X has {len(X)} examples but y has {len(y)} labels; pass one label "
+                         f"per example")
+    d2l.check_positive(batch_size=batch_size)
+    for name, value in [("seed", seed), ("epoch", epoch)]:
+        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+            raise ValueError(f"{name} must be a non-negative integer, got {value!r}")
     n, num_processes, p = len(X), jax.process_count(), jax.process_index()
-    d2l.check_divisible(batch_size, num_processes)
+    d2l.check_divisible(batch_size, num_processes, over="processes")
     order = np.random.default_rng((seed, epoch)).permutation(n) if shuffle else np.arange(n)
     if shuffle:
         order = order[:n - n % batch_size]
@@ -243,5 +255,10 @@ def process_batches(X, y, batch_size, shuffle=False, seed=0, epoch=0):
 
 def global_batch(mesh, *local_arrays):
     """Assemble each process's rows into global arrays sharded over ``mesh``'s first axis."""
+    if not isinstance(mesh, jax.sharding.Mesh):
+        raise ValueError(f"mesh must be a jax.sharding.Mesh, e.g. d2l.device_mesh(), got "
+                         f"{type(mesh).__name__}")
+    if not local_arrays:
+        raise ValueError("pass the arrays to assemble, e.g. global_batch(mesh, X, y)")
     sharding = NamedSharding(mesh, P(mesh.axis_names[0]))
     return tuple(jax.make_array_from_process_local_data(sharding, a) for a in local_arrays)

@@ -174,6 +174,12 @@ def command_problem(command):
 def job_env(process_id, num_processes, devices_per_process, port, heartbeat_timeout=10,
             collective_timeout=120):
     """The variables the launcher sets for worker ``process_id`` of the job."""
+    _whole("num_processes", num_processes, 1, MAX_PROCESSES)
+    _whole("process_id", process_id, 0, num_processes - 1)
+    _whole("devices_per_process", devices_per_process, 1)
+    _whole("port", port, 1, 65535)
+    _whole("heartbeat_timeout", heartbeat_timeout, 1)
+    _whole("collective_timeout", collective_timeout, 1)
     return {COORDINATOR_ENV: f"{HOST}:{port}",
             NUM_PROCESSES_ENV: str(num_processes),
             PROCESS_ID_ENV: str(process_id),

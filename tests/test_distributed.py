@@ -11,6 +11,7 @@ import json
 import os
 import pathlib
 import queue
+import re
 import shutil
 import signal
 import socket
@@ -181,6 +182,29 @@ def test_process_batches_split_global_batches(monkeypatch):
     monkeypatch.undo()
     evals = list(d2l.process_batches(X, y, 4))  # evaluation: padded, not dropped
     assert [w.tolist() for *_, w in evals] == [[1] * 4, [1] * 4, [1, 1, 0, 0]]
+
+
+@pytest.mark.parametrize("call,message", [
+    (lambda: list(d2l.process_batches(np.zeros(4), np.zeros(3), 2)),
+     "X has 4 examples but y has 3 labels"),
+    (lambda: list(d2l.process_batches(np.zeros(4), np.zeros(4), 0)),
+     "batch_size must be a positive integer, got 0"),
+    (lambda: list(d2l.process_batches(np.zeros(4), np.zeros(4), 2, epoch=-1)),
+     "epoch must be a non-negative integer, got -1"),
+    (lambda: list(d2l.process_batches(np.zeros(4), np.zeros(4), 2, seed=1.5)),
+     "seed must be a non-negative integer, got 1.5"),
+    (lambda: d2l.global_batch("mesh", np.zeros(8)), "mesh must be a jax.sharding.Mesh"),
+    (lambda: d2l.global_batch(d2l.device_mesh()), "pass the arrays to assemble"),
+    (lambda: d2l.check_device_counts(0), "devices_per_process must be a positive integer"),
+    (lambda: launch.job_env(2, 2, 4, 1234), "process_id must be a whole number from 0 to 1"),
+    (lambda: launch.job_env(0, 2, 0, 1234), "devices_per_process must be a whole number"),
+    (lambda: launch.job_env(0, 2, 4, 0), "port must be a whole number from 1 to 65535"),
+    (lambda: launch.worker_env(0, 2, 2, 1234, heartbeat_timeout=0),
+     "heartbeat_timeout must be a whole number at least 1"),
+])
+def test_distributed_functions_refuse_bad_arguments(call, message):
+    with pytest.raises(ValueError, match=re.escape(message)):
+        call()
 
 
 WAIT_FOREVER = """
