@@ -48,12 +48,12 @@ _MODULES = {  # module: the public names it holds, in the chapter's order
                  "create_sharded", "reshard", "shard_tokens", "sharding_rules",
                  "use_sharding"],
     # checkpoints and input pipelines
-    "checkpoint": ["CheckpointError", "abstract_like", "check_fits", "checkpoint_manager",
-                   "lenet_specs", "restore_checkpoint", "save_checkpoint",
-                   "sharded_train_state", "state_specs", "train_steps"],
+    "checkpoint": ["CheckpointError", "abstract_like", "check_finite", "check_fits",
+                   "checkpoint_manager", "lenet_specs", "restore_checkpoint", "save_checkpoint",
+                   "saved_steps", "sharded_train_state", "state_specs", "train_steps"],
     "input_pipeline": ["ArraySource", "grain_loader"],
     # several processes
-    "distributed": ["check_device_counts", "detect_cluster", "global_batch",
+    "distributed": ["check_device_counts", "detect_cluster", "exit_worker", "global_batch",
                     "initialize_distributed", "launcher_settings", "process_batches"],
 }
 _HOME = {name: module for module, names in _MODULES.items() for name in names}
