@@ -192,6 +192,7 @@ def initialize_distributed(heartbeat_timeout=None, collective_timeout=None):
             _bound_cpu_waits(collective)
         if settings:
             jax.config.update("jax_num_cpu_devices", settings["devices_per_process"])
+            d2l.size_cpu_thread_pool(settings["devices_per_process"])  # see simulate_devices
         if jax.config.jax_cpu_collectives_implementation is None:
             jax.config.update("jax_cpu_collectives_implementation", "gloo")  # CPU collectives
     except RuntimeError:
