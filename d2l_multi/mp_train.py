@@ -304,9 +304,9 @@ def train(args, data=None):
                         f"{len(Xg.sharding.device_set)} shards here", everyone=True)
                     first = False
                 params, loss = sgd_step(params, Xg, yg, args.lr)
-                # float() waits for the step: with gloo and several CPU devices per process,
-                # letting many steps queue up can deadlock their allreduces (JAX 0.10.2)
-                loss, step = float(loss), step + 1  # a replicated scalar: the global mean
+                # a replicated scalar, the global mean; checked every step, so that no
+                # non-finite state is ever saved
+                loss, step = float(loss), step + 1
                 if not math.isfinite(loss):
                     raise FloatingPointError(
                         f"the loss became {loss} at step {step} (epoch {epoch + 1}) with --lr "
