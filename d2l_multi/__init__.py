@@ -32,8 +32,9 @@ _MODULES = {  # module: the public names it holds, in the chapter's order
     "keras_models": ["keras_assign_state", "keras_convnet", "keras_train_state",
                      "make_keras_train_step"],
     # when do more devices help? a measured cost model
-    "cost_model": ["bus_bandwidth", "collective_loop", "fit_alpha_beta", "measure_collectives",
-                   "measure_compute", "predict_step_time", "step_cost", "time_collective"],
+    "cost_model": ["bus_bandwidth", "collective_loop", "cpu_time_call", "fit_alpha_beta",
+                   "measure_collectives", "measure_compute", "predict_step_time", "step_cost",
+                   "time_collective"],
     # ensembles
     "ensemble": ["apply_ensemble", "check_ensemble_size", "create_ensemble_state",
                  "create_stacked_ensemble", "ensemble_num_correct", "evaluate_ensemble",

@@ -339,7 +339,7 @@ def predict_main(argv):
     from jax.sharding import PartitionSpec as P
     B = args.batch_size
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
-    parallel = cores if d2l.devices()[0].platform == "cpu" else None  # accelerators: all at once
+    on_cpu = d2l.devices()[0].platform == "cpu"  # simulated devices share the cores
 
     @jax.jit
     def step(params, X, y):
@@ -353,24 +353,28 @@ def predict_main(argv):
                                                  for n in sizes]), k)
              for k in counts if k > 1}
     samples = {k: [] for k in counts}
-    for _ in range(d2l.shrink(args.rounds, 1)):  # a k's two timings see the machine alike
+    for _ in range(d2l.shrink(args.rounds, 1)):  # a k's timings see the machine alike
         for k in counts:
             mesh = d2l.device_mesh((k,))
-            one = d2l.time_call(step, params, *images(B // k), repeat=args.repeat)
-            many = d2l.time_call(step, d2l.shard(params, mesh),
-                                 *d2l.shard(images(B), mesh, P("data")), repeat=args.repeat)
-            samples[k].append((one, many))
-    print(f"global batch {B}, gradient {grad_bytes} bytes, {cores} cores, devices computing at "
-          f"once: {parallel or 'all'}; medians of "
+            share = d2l.cpu_time_call(step, params, *images(B // k), repeat=args.repeat)
+            many = d2l.cpu_time_call(step, d2l.shard(params, mesh),
+                                     *d2l.shard(images(B), mesh, P("data")), repeat=args.repeat)
+            samples[k].append((*share, *many))
+    print(f"global batch {B}, gradient {grad_bytes} bytes, {cores} cores; medians of "
           f"{d2l.shrink(args.rounds, 1)} rounds of {d2l.shrink(args.repeat, 2)} steps")
-    print("| devices | measured ms | predicted ms | error | compute ms | allreduce ms |\n"
-          "|---|---|---|---|---|---|")
-    for k, pairs in samples.items():
-        one, measured = np.median(pairs, axis=0)
+    print("compute: " + ("k shares of one device's CPU seconds over the cores p the k devices "
+                         "kept busy (CPU seconds / wall seconds)" if on_cpu else
+                         "one device's share, all devices at once"))
+    print("| devices | p | measured ms | predicted ms | error | compute ms | allreduce ms |\n"
+          "|---|---|---|---|---|---|---|")
+    for k, rows in samples.items():
+        share_cpu, share_wall, cpu, measured = np.median(rows, axis=0)
         alpha, beta = rings.get(k, (0.0, 0.0))
-        predicted = d2l.predict_step_time(one, k, grad_bytes, alpha, beta, num_parallel=parallel)
+        p = cpu / measured if on_cpu else k
+        predicted = d2l.predict_step_time(share_cpu if on_cpu else share_wall, k, grad_bytes,
+                                          alpha, beta, parallelism=p)
         comm = d2l.predict_step_time(0.0, k, grad_bytes, alpha, beta)  # no compute: the allreduce
-        print(f"| {k} | {1e3 * measured:.1f} | {1e3 * predicted:.1f} | "
+        print(f"| {k} | {p:.2f} | {1e3 * measured:.1f} | {1e3 * predicted:.1f} | "
               f"{100 * (predicted / measured - 1):+.0f} % | {1e3 * (predicted - comm):.1f} | "
               f"{1e3 * comm:.2f} |", flush=True)
     return 0

@@ -115,19 +115,34 @@ def measure_compute(step, make_args, batch_sizes, repeat=5):
     return rows
 
 
+def cpu_time_call(f, *args, repeat=5):
+    """CPU seconds (of every thread of this process) and wall-clock seconds per call of
+    ``f(*args)``, means over ``repeat`` calls after one that compiles; their ratio is the number
+    of cores the calls kept busy (``d2l.shrink`` keeps 2 calls in quick runs)."""
+    d2l.check_positive(repeat=repeat)
+    jax.block_until_ready(f(*args))
+    repeat = d2l.shrink(repeat, 2)
+    cpu, wall = time.process_time(), time.perf_counter()
+    for _ in range(repeat):
+        jax.block_until_ready(f(*args))
+    return (time.process_time() - cpu) / repeat, (time.perf_counter() - wall) / repeat
+
+
 def predict_step_time(compute_time, num_devices, grad_bytes, alpha, beta, overlap=False,
-                      num_parallel=None):
-    """Seconds of a data-parallel step on k devices: one device's ``compute_time`` in
-    k / min(k, num_parallel) rounds (default: all compute at once), then a ring allreduce of
-    ``grad_bytes``, 2(k-1) hops of latency ``alpha`` and 2(k-1)/k ``grad_bytes`` at ``beta``
-    seconds per byte; with ``overlap``, during the backward pass (2/3 of the compute)."""
+                      parallelism=None):
+    """Seconds of a data-parallel step on k devices: k shares of ``compute_time`` each, run
+    ``parallelism`` at a time (default k: every device computes its own at once; k simulated
+    devices: ``compute_time`` in CPU seconds, ``parallelism`` the cores they get), then a ring
+    allreduce of ``grad_bytes``, 2(k-1) hops of latency ``alpha`` and 2(k-1)/k ``grad_bytes``
+    at ``beta`` seconds per byte; with ``overlap``, during the backward pass (2/3 of the
+    compute)."""
     k = num_devices
-    num_parallel = k if num_parallel is None else num_parallel
-    d2l.check_positive(num_devices=k, num_parallel=num_parallel)
+    parallelism = k if parallelism is None else parallelism
+    d2l.check_positive(num_devices=k, parallelism=parallelism)
     if not (math.isfinite(compute_time) and min(compute_time, grad_bytes, alpha, beta) >= 0):
         raise ValueError(f"compute_time, grad_bytes, alpha and beta must be finite and >= 0, got "
                          f"{compute_time}, {grad_bytes}, {alpha}, {beta}")
-    compute = compute_time * k / min(k, num_parallel)
+    compute = compute_time * k / parallelism
     allreduce = 2 * (k - 1) * alpha + 2 * (k - 1) / k * grad_bytes * beta
     backward = 2 / 3 * compute if overlap else 0.0
     return compute - backward + max(backward, allreduce)

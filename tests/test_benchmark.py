@@ -58,7 +58,7 @@ def test_collectives_prints_the_machine_the_table_and_the_fit():
 def test_predict_prints_measured_and_predicted_step_times():
     result = benchmark("predict", "--devices", "1,2", "--repeat", "2")
     assert result.returncode == 0, result.stderr
-    assert "| devices | measured ms | predicted ms | error |" in result.stdout
+    assert "| devices | p | measured ms | predicted ms | error |" in result.stdout
     assert "\n| 2 | " in result.stdout
 
 

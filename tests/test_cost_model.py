@@ -116,9 +116,16 @@ def test_measure_compute_times_and_counts_each_batch():
         d2l.measure_compute(lambda x: x, lambda b: (jnp.ones(b),), [0, 4])
 
 
+def test_cpu_time_call_counts_cpu_and_wall_seconds():
+    cpu, wall = d2l.cpu_time_call(lambda x: (x @ x).sum(), jnp.ones((256, 256)), repeat=3)
+    assert cpu > 0 and wall > 0
+    with pytest.raises(ValueError, match="repeat must be a finite positive number, got 0"):
+        d2l.cpu_time_call(lambda x: x, 1.0, repeat=0)
+
+
 def predict(**changes):
     args = dict(compute_time=10e-3, num_devices=8, grad_bytes=4e6, alpha=5e-6, beta=1 / 50e9,
-                overlap=False, num_parallel=None) | changes
+                overlap=False, parallelism=None) | changes
     return d2l.predict_step_time(**args)
 
 
@@ -126,7 +133,8 @@ def test_prediction_is_compute_plus_the_ring_allreduce():
     ring = 2 * 7 * 5e-6 + 2 * 7 / 8 * 4e6 / 50e9
     assert predict() == pytest.approx(10e-3 + ring)
     assert predict(num_devices=1) == pytest.approx(10e-3)  # one device: nothing to sum
-    assert predict(num_parallel=2) == pytest.approx(4 * 10e-3 + ring)  # 8 devices, 2 cores
+    assert predict(parallelism=2) == pytest.approx(4 * 10e-3 + ring)  # 8 devices, 2 cores
+    assert predict(parallelism=1.6) == pytest.approx(5 * 10e-3 + ring)  # cores shared
 
 
 def test_prediction_grows_with_every_cost_and_shrinks_with_overlap():
@@ -134,7 +142,7 @@ def test_prediction_grows_with_every_cost_and_shrinks_with_overlap():
     for name, more in [("compute_time", 20e-3), ("grad_bytes", 8e6), ("alpha", 1e-5),
                        ("beta", 1 / 10e9), ("num_devices", 16)]:
         assert predict(**{name: more}) > base, name
-    assert predict(num_parallel=4) > base and predict(num_parallel=16) == base
+    assert predict(parallelism=4) > base == predict(parallelism=8) > predict(parallelism=16)
     assert predict(overlap=True) <= base
     assert predict(overlap=True) == pytest.approx(max(10e-3, 10e-3 / 3 + predict(
         compute_time=0.0)))  # hidden behind the backward pass while it is long enough
@@ -154,7 +162,7 @@ def test_strong_scaling_saturates_and_weak_scaling_keeps_the_allreduce():
 @pytest.mark.parametrize("changes,message", [
     (dict(num_devices=0), "num_devices must be a positive integer, got 0"),
     (dict(num_devices=2.0), "num_devices must be a positive integer, got 2.0"),
-    (dict(num_parallel=0), "num_parallel must be a positive integer"),
+    (dict(parallelism=0), "parallelism must be a finite positive number, got 0"),
     (dict(compute_time=-1.0), "must be finite and >= 0, got -1.0"),
     (dict(compute_time=float("nan")), "must be finite and >= 0, got nan"),
     (dict(alpha=-1e-6), "must be finite and >= 0"),
