@@ -3,6 +3,8 @@ per-process sharded pipeline whose position (the iterator state) can be saved an
 a checkpoint, and whose state says which pipeline it belongs to."""
 import grain
 
+import d2l_multi as d2l
+
 
 class ArraySource:
     """A Grain data source over two arrays: record ``i`` is ``(X[i], y[i])``."""
@@ -60,32 +62,29 @@ class CheckedPipeline(grain.IterDataset):
 
 def grain_loader(source, batch_size, seed=0, num_epochs=None, shard_options=None):
     """Batches of ``batch_size`` records of ``source`` for this process, reshuffled with
-    ``seed`` every epoch; ``num_epochs=None``: forever. Every epoch's shuffled order is cut
-    into ``shard_options.shard_count`` shards (default: ``ShardByJaxProcess``, one per JAX
-    process) by taking every shard_count-th record, and this process reads its shard only."""
+    ``seed`` every epoch (``num_epochs=None``: forever). Each epoch's order is cut into
+    ``shard_options.shard_count`` shards (default: one per JAX process) by taking every
+    shard_count-th record, and this process reads its own."""
     if shard_options is None:
         shard_options = grain.sharding.ShardByJaxProcess(drop_remainder=True)
     count, index = shard_options.shard_count, shard_options.shard_index
     per_shard = len(source) // count
     if isinstance(batch_size, bool) or not isinstance(batch_size, int) or not (
             1 <= batch_size <= per_shard):
-        raise ValueError(
-            f"batch_size={batch_size!r}, but this process's shard holds {per_shard} records "
-            f"({len(source)} records / {count} shards); pass an integer batch size from 1 to "
-            f"{per_shard}")
+        raise ValueError(f"batch_size={batch_size!r}, but this process's shard holds {per_shard} "
+                         f"records ({len(source)} records / {count} shards); pass an integer "
+                         f"from 1 to {per_shard}")
     if isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed < 2**32:
         raise ValueError(f"seed must be an integer from 0 to 2**32 - 1, got {seed!r}")
-    if num_epochs is not None and (isinstance(num_epochs, bool) or not isinstance(
-            num_epochs, int) or num_epochs < 1):
-        raise ValueError(f"num_epochs must be a positive integer or None, got {num_epochs!r}")
+    if num_epochs is not None:
+        d2l.check_positive(num_epochs=num_epochs)
     stop = len(source) - len(source) % count if shard_options.drop_remainder else None
     dataset = (grain.MapDataset.source(source)
-               .shuffle(seed=seed)                 # a new order every epoch (seed + epoch)
-               [index:stop:count]                  # this process's shard of that order
+               .shuffle(seed=seed)       # a new order every epoch
+               [index:stop:count]        # this process's shard of that order
                .repeat(num_epochs)
                .batch(batch_size, drop_remainder=True))
-    description = (f"{source!r}, seed={seed}, shard {index} of {count}, "
-                   f"batch_size={batch_size}")
-    # records are in memory: reading threads would only take turns holding Python's GIL
-    return CheckedPipeline(dataset.to_iter_dataset(grain.ReadOptions(num_threads=0)),
-                           description)
+    # the records are in memory: reading threads would only take turns holding Python's GIL
+    iterable = dataset.to_iter_dataset(grain.ReadOptions(num_threads=0))
+    return CheckedPipeline(iterable, f"{source!r}, seed={seed}, shard {index} of {count}, "
+                                     f"batch_size={batch_size}")

@@ -140,8 +140,8 @@ def test_uneven_shards_drop_the_remainder(source):
 @pytest.mark.parametrize("kwargs,message", [
     (dict(seed=-1), "seed must be an integer from 0 to 2**32 - 1, got -1"),
     (dict(seed=1.5), "seed must be an integer from 0 to 2**32 - 1, got 1.5"),
-    (dict(num_epochs=0), "num_epochs must be a positive integer or None, got 0"),
-    (dict(num_epochs=True), "num_epochs must be a positive integer or None, got True"),
+    (dict(num_epochs=0), "num_epochs must be a positive integer, got 0"),
+    (dict(num_epochs=True), "num_epochs must be a positive integer, got True"),
 ])
 def test_bad_seeds_and_epochs(source, kwargs, message):
     with pytest.raises(ValueError) as e:
