@@ -53,9 +53,10 @@ _MODULES = {  # module: the public names it holds, in the chapter's order
                    "sharding_rules"],
     # checkpoints and input pipelines
     "checkpoint": ["CheckpointError", "abstract_like", "check_finite", "check_fits",
-                   "checkpoint_manager", "lenet_specs", "restore_checkpoint", "save_checkpoint",
+                   "check_layouts", "check_specs", "checkpoint_manager", "lenet_specs",
+                   "restore_checkpoint", "save_checkpoint",
                    "saved_steps", "sharded_train_state", "state_specs", "train_steps"],
-    "input_pipeline": ["ArraySource", "grain_loader"],
+    "input_pipeline": ["ArraySource", "CheckedIterator", "CheckedPipeline", "grain_loader"],
     # several processes
     "distributed": ["check_device_counts", "detect_cluster", "exit_worker", "global_batch",
                     "initialize_distributed", "launcher_settings", "process_batches"],

@@ -311,6 +311,106 @@ def pipeline_schedules():
 FIGURES = [lenet, split_network, split_layers, split_data, data_parallel_step, ring_allreduce,
            gather_to_one, memory_per_device, megatron_mlp, pipeline_schedules]
 
+def checkpoint_layout():
+    """An Orbax checkpoint folder: one folder per finished step, one per item, and the step
+    being written under a temporary name until its rename commits it."""
+    fig, ax = canvas(8.6, 3.9)
+    rows = [(0, "run/", "the folder given to the CheckpointManager", INK),
+            (1, "16/", "a finished step (max_to_keep: the oldest ones are deleted)", INK),
+            (1, "24/", "the latest finished step: what a restore reads", INK),
+            (2, "_CHECKPOINT_METADATA", "when and how the step was saved", "#555555"),
+            (2, "state/", "item 'state': the train state (ocp.args.StandardSave)", DEVICE[0]),
+            (3, "_METADATA", "tree, shapes, dtypes and shardings of the arrays", "#555555"),
+            (3, "manifest.ocdbt", "index of the chunk database", "#555555"),
+            (3, "ocdbt.process_0/", "array chunks, written by process 0's devices", "#555555"),
+            (2, "data/", "item 'data': a Grain iterator's position (next notebook)", DEVICE[2]),
+            (1, "32.orbax-checkpoint-tmp-…/", "being written: ignored until renamed to 32/",
+             DEVICE[3])]
+    for i, (depth, name, note, color) in enumerate(rows):
+        y = 3.6 - i * 0.36
+        x = 0.25 + depth * 0.35
+        if depth:
+            ax.plot([x - 0.22, x - 0.22, x - 0.05], [y + 0.3, y, y], color="#999999", lw=0.8)
+        ax.text(x, y, name, va="center", size=9, color=color,
+                weight="bold" if name.endswith("/") else "normal")
+        ax.text(3.75, y, note, va="center", size=8, color="#444444")
+    save(fig, "checkpoint_layout")
+
+
+def grain_pipeline():
+    """A Grain pipeline and how two processes share every shuffled epoch."""
+    fig, ax = canvas(8.6, 3.6)
+    stages = ["ArraySource\nlen, [i]", "MapDataset\n.source", ".shuffle(seed)\nevery epoch anew",
+              "[p::P]\nprocess p's shard", ".repeat()", ".batch(b)", "iterator\nget_state()"]
+    for i, text in enumerate(stages):
+        x = 0.1 + i * 1.21
+        box(ax, x, 2.7, 1.05, 0.65, text, face=LIGHT[0] if i < 6 else "#FFF2CC", size=7.5)
+        if i:
+            arrow(ax, (x - 0.16, 3.02), (x, 3.02))
+    ax.text(0.1, 2.25, "one shuffled epoch (record numbers), read by P = 2 processes:", size=8.5)
+    order = [37, 4, 10, 45, 39, 22, 27, 9, 31, 12, 2, 40, 18, 7, 25, 33]
+    for i, r in enumerate(order):
+        box(ax, 0.1 + i * 0.52, 1.6, 0.46, 0.42, str(r), face=LIGHT[i % 2], size=8,
+            style="square,pad=0.0")
+    for p in range(2):
+        ax.text(0.1, 1.05 - p * 0.5, f"process {p}, batch of b = 4:", size=8.5, color=DEVICE[p],
+                va="center")
+        for j in range(4):
+            box(ax, 2.35 + j * 0.52, 0.84 - p * 0.5, 0.46, 0.42, str(order[2 * j + p]),
+                face=DEVICE[p], color="white", size=8, style="square,pad=0.0")
+    ax.text(4.6, 0.8, "together: the global batch of 8\n(the first 8 records of the epoch),\n"
+            "no record read twice, none skipped", size=8.5, va="center")
+    save(fig, "grain_pipeline")
+
+
+def processes_and_devices():
+    """Two processes with four devices each: local rows become one global batch."""
+    fig, ax = canvas(8.6, 3.9)
+    for p in range(2):
+        x0 = 0.15 + p * 4.3
+        box(ax, x0, 0.3, 4.0, 3.1, "", face="#F7F7F7", edge="#999999")
+        ax.text(x0 + 0.12, 3.2, f"process {p}  (jax.process_index() = {p})", size=9,
+                weight="bold", color=DEVICE[p], va="center")
+        box(ax, x0 + 0.3, 2.35, 3.4, 0.5, f"local batch: rows {128 * p}-{128 * p + 127} of 256"
+            f"\n(loaded by this process only)", face=LIGHT[p], size=8)
+        for d in range(4):
+            dx = x0 + 0.3 + d * 0.86
+            box(ax, dx, 0.95, 0.75, 0.75, f"device\n{4 * p + d}\nrows\n{128 * p + 32 * d}-"
+                f"{128 * p + 32 * d + 31}", face=DEVICE[p], color="white", size=6.5)
+            arrow(ax, (x0 + 2.0, 2.35), (dx + 0.37, 1.7), color="#777777", lw=0.7)
+        ax.text(x0 + 2.0, 0.55, "its 4 local (addressable) devices", ha="center", size=8,
+                color="#555555")
+    ax.text(4.3, 0.05, "jax.make_array_from_process_local_data: one global array of 256 rows "
+            "over all 8 devices;\nno process holds all of it, and a jitted step's allreduce "
+            "crosses the processes", ha="center", size=8)
+    save(fig, "processes_and_devices")
+
+
+def resume_timeline():
+    """Checkpoints every few global steps, a crash, and the resumed run."""
+    fig, ax = canvas(8.6, 2.6)
+    x = lambda step: 0.4 + step * 0.62   # noqa: E731
+    ax.plot([x(0), x(12)], [1.7, 1.7], color=INK, lw=1)
+    for step in range(13):
+        ax.plot([x(step), x(step)], [1.64, 1.76], color=INK, lw=0.8)
+        ax.text(x(step), 1.45, str(step), ha="center", size=8)
+    for step in (3, 6):
+        box(ax, x(step) - 0.17, 1.9, 0.34, 0.3, "", face=DEVICE[2], style="square,pad=0.0")
+    ax.text(x(4.5), 2.38, "checkpoints (--save-every 3)", ha="center", size=8, color=DEVICE[2])
+    ax.plot([x(8)], [1.7], marker="x", color=DEVICE[3], ms=12, mew=2.5)
+    ax.text(x(8), 2.05, "p1 killed\n(--crash-at-step 8)", ha="center", size=8, color=DEVICE[3])
+    ax.plot([x(6), x(8)], [1.15, 1.15], color=DEVICE[3], lw=3, alpha=0.5)
+    ax.text(x(7), 0.9, "steps 7-8 lost", ha="center", size=8, color=DEVICE[3])
+    arrow(ax, (x(6), 0.55), (x(12), 0.55), color=DEVICE[0], lw=1.6)
+    ax.text(x(6) - 0.1, 0.55, "--resume: restore step 6, recompute 7-8, go on", ha="right",
+            va="center", size=8, color=DEVICE[0])
+    ax.text(x(12), 0.25, "global step: epoch = step // steps_per_epoch, batch = step % "
+            "steps_per_epoch", ha="right", size=8, color="#555555")
+    save(fig, "resume_timeline")
+
+
+FIGURES += [checkpoint_layout, grain_pipeline, processes_and_devices, resume_timeline]
+
 if __name__ == "__main__":
     wanted = sys.argv[1:]
     for make in FIGURES:
