@@ -72,6 +72,18 @@ def test_good_specs_pass_and_shard_replicates_by_default(mesh):
     assert Xs.addressable_shards[0].data.shape == (16 // len(jax.devices()), 2)
 
 
+def test_steps_refuse_what_is_not_an_optax_optimizer(mesh):
+    for make in (d2l.make_train_step, lambda opt: d2l.make_shard_map_step(mesh, opt)):
+        with pytest.raises(TypeError, match=r"optax optimizer such as optax\.sgd\(0\.1\)"):
+            make(0.1)
+
+
+def test_shard_map_step_with_an_axis_the_mesh_lacks(mesh):
+    import optax
+    with pytest.raises(ValueError, match="mesh has only the axes"):
+        d2l.make_shard_map_step(mesh, optax.sgd(0.1), axis_name="batch")
+
+
 def test_importing_d2l_multi_does_not_import_keras():
     """Keras picks its backend on first import: importing d2l_multi must leave that choice open
     (without KERAS_BACKEND, Keras would pick TensorFlow, which is not installed)."""
