@@ -2,6 +2,7 @@
 the compiler parallelises (automatic mode), and its per-device twin written with ``jax.shard_map``
 and explicit collectives (manual mode)."""
 import math
+import re
 
 import jax
 import jax.numpy as jnp
@@ -79,3 +80,18 @@ def make_shard_map_step(mesh, optimizer, loss=None, axis_name="data"):
         return optax.apply_updates(params, updates), opt_state, loss_value
     specs = (P(), P(), P(axis_name), P(axis_name))
     return jax.jit(jax.shard_map(local_step, mesh=mesh, in_specs=specs, out_specs=P()))
+
+
+COLLECTIVES = ("all-reduce", "all-gather", "reduce-scatter", "all-to-all", "collective-permute")
+
+
+def count_collectives(hlo_text):
+    """How many of each collective a compiled program (``compiled.as_text()``) runs; the
+    asynchronous ``-start``/``-done`` pairs of GPUs and TPUs count once."""
+    if not isinstance(hlo_text, str):
+        raise TypeError(f"count_collectives reads HLO text, not a {type(hlo_text).__name__}; "
+                        f"pass f.lower(*args).compile().as_text()")
+    counts = dict.fromkeys(COLLECTIVES, 0)
+    for op in re.findall(r"\b(" + "|".join(COLLECTIVES) + r")(?:-start)?\(", hlo_text):
+        counts[op] += 1
+    return counts
