@@ -23,8 +23,8 @@ _MODULES = {  # module: the public names it holds, in the chapter's order
     "collectives": ["allreduce", "replicate", "ring_allreduce", "unreplicate"],
     "parallel": ["check_divisible", "pmap_sgd_step", "split_batch", "train", "train_batch"],
     # jit + shardings, shard_map, Flax, Keras 3
-    "concise": ["check_spec", "make_shard_map_step", "make_train_step", "shard",
-                "shard_batch"],
+    "concise": ["COLLECTIVES", "check_spec", "count_collectives", "make_shard_map_step",
+                "make_train_step", "shard", "shard_batch"],
     "flax_models": ["CNN", "CNNBatchNorm", "Residual", "ResNet", "ResNet18", "TrainState",
                     "apply_model", "bn_train_step", "create_bn_train_state",
                     "create_train_state", "cross_entropy_loss", "evaluate_flax",
@@ -48,9 +48,8 @@ _MODULES = {  # module: the public names it holds, in the chapter's order
                  "create_sharded", "use_sharding"],
     # FSDP, tensor and pipeline parallelism
     "text": ["TINY_TEXT", "CharCorpus"],
-    "strategies": ["COLLECTIVES", "LOGICAL_AXES", "STRATEGIES", "bubble_fraction",
-                   "count_collectives", "lm_train_step", "reshard", "shard_tokens",
-                   "sharding_rules"],
+    "strategies": ["LOGICAL_AXES", "STRATEGIES", "bubble_fraction", "lm_train_step", "reshard",
+                   "shard_tokens", "sharding_rules"],
     # checkpoints and input pipelines
     "checkpoint": ["CheckpointError", "abstract_like", "check_finite", "check_fits",
                    "check_layouts", "check_specs", "checkpoint_manager", "lenet_specs",

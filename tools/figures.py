@@ -198,6 +198,69 @@ def lenet():
     save(fig, "lenet")
 
 
+def three_modes():
+    """JAX's three ways to program many devices, on one array of 16 rows over 8 devices."""
+    fig, ax = canvas(8.7, 3.5)
+    modes = [("automatic", "jax.jit + shardings, Auto axes", "the global program",
+              "inputs only; the compiler\npicks the rest", "float32[16,4]",
+              "inserted by the compiler"),
+             ("explicit", "jax.jit, Explicit axes", "the global program",
+              "in every array's type,\nchecked op by op", "float32[16@data,4]",
+              "inserted by the compiler"),
+             ("manual", "jax.shard_map", "the program of one device",
+              "in_specs / out_specs", "float32[2,4]{V:data}", "written by you (psum)")]
+    for m, (name, api, view, shardings, typ, collectives) in enumerate(modes):
+        x = 0.15 + m * 2.9
+        box(ax, x, 0.1, 2.7, 3.3, face="#FAFAFA", edge="#999999")
+        box(ax, x, 2.95, 2.7, 0.45, name, face=DEVICE[m], color="white", weight="bold",
+            size=10)
+        ax.text(x + 1.35, 2.72, api, ha="center", size=8, family="DejaVu Sans Mono")
+        # the array: one block (automatic), one block cut in 8 typed bands (explicit),
+        # 8 separate blocks (manual)
+        for r in range(8):
+            y = 1.62 + (7 - r) * 0.11
+            if m == 0:
+                box(ax, x + 0.25, y, 0.7, 0.11, face=LIGHT[0], edge=LIGHT[0],
+                    style="square,pad=0.0", lw=0.5)
+            elif m == 1:
+                box(ax, x + 0.25, y, 0.7, 0.11, face=LIGHT[r % 2 + 1], edge="#777777",
+                    style="square,pad=0.0", lw=0.5)
+            else:
+                box(ax, x + 0.25 + (r % 2) * 0.38, 1.62 + (3 - r // 2) * 0.22, 0.32, 0.16,
+                    face=LIGHT[2], edge="#777777", style="square,pad=0.0", lw=0.5)
+        ax.text(x + 1.1, 2.06, "you write:\n" + view, size=7.5, va="center")
+        ax.text(x + 0.15, 1.3, "shardings: " + shardings, size=7.5, va="top")
+        ax.text(x + 0.15, 0.78, "type: " + typ, size=7.5, va="top")
+        ax.text(x + 0.15, 0.48, "collectives: " + collectives, size=7.5, va="top")
+    save(fig, "three_modes")
+
+
+def shard_map_grad():
+    """Why grad inside shard_map sums: the replicated w is cast to varying (pvary) where it
+    meets the device's batch; the transpose of that cast is a psum of the gradients."""
+    fig, ax = canvas(8.4, 3.3)
+    ax.text(2.0, 3.05, "forward", ha="center", size=10, weight="bold")
+    ax.text(6.3, 3.05, "backward (jax.grad)", ha="center", size=10, weight="bold")
+    box(ax, 1.0, 2.3, 2.0, 0.45, "w: the same on every device", face=GREY, size=8)
+    box(ax, 5.05, 0.35, 2.5, 0.5, r"$\nabla L_0 + \dots + \nabla L_3$: the same everywhere",
+        face="#FFF2CC", size=8)
+    for d in range(4):
+        x = 0.1 + d * 0.98
+        box(ax, x, 0.95, 0.88, 0.6, f"device {d}\n$L_{d}(w, X_{d})$", face=LIGHT[d], size=7.5)
+        arrow(ax, (2.0, 2.3), (x + 0.44, 1.55), color="#777777", lw=0.9)
+        x2 = 4.4 + d * 0.98
+        box(ax, x2, 1.75, 0.88, 0.6, f"device {d}\n$\\nabla L_{d}$", face=LIGHT[d], size=7.5)
+        arrow(ax, (x2 + 0.44, 1.75), (6.3, 0.85), color="#777777", lw=0.9)
+    ax.text(3.05, 2.0, "pvary\n(inserted by JAX)", ha="left", va="center", size=8,
+            color="#555555")
+    ax.text(4.35, 1.05, "psum, the\ntranspose\nof pvary", ha="left", va="center", size=8,
+            color="#555555")
+    ax.text(2.0, 0.45, "shard_map with check_vma=True (the default):\nw is unvarying, each "
+            "$L_d$ varies over the devices", ha="center", va="center", size=8,
+            color="#555555")
+    save(fig, "shard_map_grad")
+
+
 def memory_per_device():
     """What each of 4 devices holds under data parallelism and under FSDP (Adam)."""
     fig, ax = canvas(9.0, 3.5)
@@ -308,8 +371,10 @@ def pipeline_schedules():
     ax.text(5.2, 2.55, "grey: idle (the bubble)", size=7.5, color="#555555")
     save(fig, "pipeline_schedules")
 
+
 FIGURES = [lenet, split_network, split_layers, split_data, data_parallel_step, ring_allreduce,
-           gather_to_one, memory_per_device, megatron_mlp, pipeline_schedules]
+           gather_to_one, three_modes, shard_map_grad, memory_per_device, megatron_mlp,
+           pipeline_schedules]
 
 def checkpoint_layout():
     """An Orbax checkpoint folder: one folder per finished step, one per item, and the step
