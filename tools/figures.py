@@ -210,7 +210,7 @@ def flax_two_paths():
     for d in range(4):
         x = 0.15 + d * 1.05
         box(ax, x, 3.15, 0.9, 0.36, f"copy {d}", face=LIGHT[d], size=8)
-        box(ax, x, 2.4, 0.9, 0.36, f"B/4", face=DEVICE[d], color="white", size=8)
+        box(ax, x, 2.4, 0.9, 0.36, "B/4", face=DEVICE[d], color="white", size=8)
         box(ax, x, 1.45, 0.9, 0.6, f"apply_model\non device {d}", face=LIGHT[d], size=7)
         arrow(ax, (x + 0.45, 2.4), (x + 0.45, 2.05))
         box(ax, x, 0.15, 0.9, 0.5, "update_\nmodel", face=LIGHT[d], size=8)
