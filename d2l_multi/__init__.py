@@ -25,7 +25,8 @@ _MODULES = {  # module: the public names it holds, in the chapter's order
     # jit + shardings, shard_map, Flax, Keras 3
     "concise": ["check_spec", "make_shard_map_step", "make_train_step", "shard",
                 "shard_batch"],
-    "flax_models": ["CNN", "LinenCNN", "Residual", "ResNet", "ResNet18", "apply_model",
+    "flax_models": ["CNN", "LinenCNN", "LinenResNet", "LinenResNet18", "LinenResidual",
+                    "Residual", "ResNet", "ResNet18", "apply_model",
                     "cnn_from_linen", "create_train_state", "cross_entropy_loss",
                     "evaluate_nnx", "jit_train_step", "nnx_train_step", "num_correct_nnx",
                     "resnet18_budget", "train_nnx", "update_model"],

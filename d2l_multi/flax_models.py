@@ -227,3 +227,53 @@ def resnet18_budget():
     if d2l.devices()[0].platform != "cpu":
         return 64, None, None
     return shrink(16, 4), shrink(10000, 512), shrink(2000, 256)
+
+
+# ----- Classic: ResNet-18 in Linen (for notebooks that use Linen's init/apply) -----
+
+class LinenResidual(nn.Module):
+    """d2l's residual block in Linen: two 3x3 conv + BatchNorm, optionally a 1x1 conv on the
+    shortcut. ``axis_name``: the device axis over which BatchNorm averages under ``pmap``."""
+    channels: int
+    strides: int = 1
+    use_1x1conv: bool = False
+    axis_name: object = None
+
+    @nn.compact
+    def __call__(self, x, train=True):
+        norm = functools.partial(nn.BatchNorm, use_running_average=not train, momentum=0.9,
+                                 axis_name=self.axis_name)
+        y = nn.Conv(self.channels, (3, 3), self.strides, padding=1)(x)
+        y = nn.Conv(self.channels, (3, 3), padding=1)(nn.relu(norm()(y)))
+        y = norm()(y)
+        if self.use_1x1conv:
+            x = nn.Conv(self.channels, (1, 1), self.strides)(x)
+        return nn.relu(y + x)
+
+
+class LinenResNet(nn.Module):
+    """``ResNet`` in Linen: a 3x3 stem without max-pooling, then one stage per
+    ``(num_residuals, channels)`` in ``arch``; call with ``train=True`` or ``False``."""
+    arch: tuple
+    num_classes: int = 10
+    axis_name: object = None
+
+    @nn.compact
+    def __call__(self, x, train=True):
+        x = nn.Conv(self.arch[0][1], (3, 3), padding=1)(x)
+        x = nn.relu(nn.BatchNorm(use_running_average=not train, momentum=0.9,
+                                 axis_name=self.axis_name)(x))
+        for stage, (num_residuals, channels) in enumerate(self.arch):
+            for block in range(num_residuals):
+                first = stage > 0 and block == 0  # halve the size, change the channels
+                x = LinenResidual(channels, strides=2 if first else 1, use_1x1conv=first,
+                                  axis_name=self.axis_name)(x, train)
+        x = jnp.mean(x, axis=(1, 2))  # global average pooling
+        return nn.Dense(self.num_classes)(x)
+
+
+def LinenResNet18(num_classes=10, width=64, axis_name=None):
+    """``ResNet18`` in Linen: four stages of two residual blocks, ``width`` to 8 x ``width``
+    channels; its variables come from ``init`` (``params`` and ``batch_stats``)."""
+    d2l.check_positive(num_classes=num_classes, width=width)
+    return LinenResNet(tuple((2, width * 2 ** i) for i in range(4)), num_classes, axis_name)

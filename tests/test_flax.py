@@ -53,6 +53,16 @@ def test_resnet18_shapes_and_size():
     assert logits.shape == (2, 3)
 
 
+def test_linen_resnet18_has_the_nnx_models_parameters():
+    model = d2l.LinenResNet18()
+    variables = jax.eval_shape(lambda: model.init(jax.random.key(0), jnp.ones((1, 28, 28, 1)),
+                                                  train=False))
+    assert sum(p.size for p in jax.tree.leaves(variables["params"])) == 11_175_818
+    assert set(variables) == {"params", "batch_stats"}
+    with pytest.raises(ValueError, match="width must be a positive integer|width must be a"):
+        d2l.LinenResNet18(width=0)
+
+
 @pytest.mark.parametrize("arch, message", [
     ((), "arch is empty"),
     (((2, 0),), "num_channels must be a positive integer, got 0"),
