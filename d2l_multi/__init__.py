@@ -25,10 +25,11 @@ _MODULES = {  # module: the public names it holds, in the chapter's order
     # jit + shardings, shard_map, Flax, Keras 3
     "concise": ["COLLECTIVES", "check_spec", "count_collectives", "make_shard_map_step",
                 "make_train_step", "shard", "shard_batch"],
-    "flax_models": ["CNN", "CNNBatchNorm", "Residual", "ResNet", "ResNet18", "TrainState",
-                    "apply_model", "bn_train_step", "create_bn_train_state",
-                    "create_train_state", "cross_entropy_loss", "evaluate_flax",
-                    "jit_train_step", "num_correct_flax", "train_sharded", "update_model"],
+    "flax_models": ["CNN", "LinenCNN", "LinenResNet", "LinenResNet18", "LinenResidual",
+                    "Residual", "ResNet", "ResNet18", "apply_model",
+                    "cnn_from_linen", "create_train_state", "cross_entropy_loss",
+                    "evaluate_nnx", "jit_train_step", "nnx_train_step", "num_correct_nnx",
+                    "resnet18_budget", "train_nnx", "update_model"],
     "keras_models": ["keras_assign_state", "keras_convnet", "keras_train_state",
                      "make_keras_train_step"],
     # when do more devices help? a measured cost model

@@ -1,21 +1,104 @@
-"""Flax models trained data-parallel: the Flax examples' CNN with a TrainState, made parallel
-with ``pmap`` (``apply_model`` / ``update_model``) and with ``jit`` + shardings; a CNN with
-BatchNorm; and d2l's ResNet-18 adapted to 28x28 images."""
+"""Flax models trained data parallel, the modern way and the classic way.
+
+Modern (Flax NNX; notebooks 05a and 05b): a module is a Python object that holds its
+parameters. ``nnx_train_step`` is one ``nnx.jit``-compiled step; given a batch sharded over the
+devices and a replicated model it is the data-parallel step (automatic parallelism).
+``train_nnx`` trains a model on 1 or N devices; ``ResNet18`` is d2l's ResNet-18 for 28x28 images.
+
+Classic (Flax Linen + ``pmap``; notebook 05a): the Flax examples' CNN with a ``TrainState``,
+replicated with ``pmap`` and trained with ``apply_model`` (gradients averaged by ``lax.pmean``)
+and ``update_model``; ``jit_train_step`` runs that ``TrainState`` under ``jit``; and
+``cnn_from_linen`` moves the Linen CNN's parameters into the NNX CNN, layer by layer.
+"""
 import functools
-from typing import Any
 
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import optax
+from flax import nnx
 from flax.training import train_state
 from jax import lax
 
 import d2l_multi as d2l
 
 
-class CNN(nn.Module):
-    """The Flax examples' CNN: two 3x3 convolutions with average pooling, two dense layers."""
+# ----- Modern: Flax NNX, nnx.jit and shardings -----
+
+class CNN(nnx.Module):
+    """The Flax examples' CNN in NNX: two 3x3 convolutions with average pooling, two dense
+    layers. Each layer holds its parameters, drawn from ``rngs`` when it is built."""
+
+    def __init__(self, *, rngs):
+        self.conv1 = nnx.Conv(1, 32, kernel_size=(3, 3), rngs=rngs)
+        self.conv2 = nnx.Conv(32, 64, kernel_size=(3, 3), rngs=rngs)
+        self.dense1 = nnx.Linear(7 * 7 * 64, 256, rngs=rngs)
+        self.dense2 = nnx.Linear(256, 10, rngs=rngs)
+
+    def __call__(self, x):
+        x = nnx.avg_pool(nnx.relu(self.conv1(x)), (2, 2), strides=(2, 2))
+        x = nnx.avg_pool(nnx.relu(self.conv2(x)), (2, 2), strides=(2, 2))
+        x = x.reshape((x.shape[0], -1))  # flatten: (batch, 7 * 7 * 64)
+        x = nnx.relu(self.dense1(x))
+        return self.dense2(x)
+
+
+@nnx.jit
+def nnx_train_step(model, optimizer, images, labels):
+    """One ``optimizer`` step on ``model``'s mean cross-entropy, updating both in place;
+    returns the loss. A batch sharded over the devices makes it the data-parallel step."""
+    def loss_fn(model):
+        logits = model(images)
+        return optax.softmax_cross_entropy_with_integer_labels(logits, labels).mean()
+    loss, grads = nnx.value_and_grad(loss_fn)(model)
+    optimizer.update(model, grads)
+    return loss
+
+
+@nnx.jit
+def num_correct_nnx(model, images, labels):
+    """How many of ``model``'s predictions equal ``labels``."""
+    return (jnp.argmax(model(images), -1) == labels).sum()
+
+
+def evaluate_nnx(model, data_iter, mesh):
+    """Accuracy of ``model`` in inference mode (BatchNorm uses its running averages) over
+    ``data_iter``, each batch split over the ``'data'`` axis of ``mesh``."""
+    model.eval()
+    metric = d2l.Accumulator(2)  # number correct, number of examples
+    for X, y in data_iter:
+        metric.add(num_correct_nnx(model, *d2l.shard_batch(X, y, mesh)), y.size)
+    model.train()
+    return metric[0] / metric[1]
+
+
+def train_nnx(model, data, num_devices, lr, num_epochs):
+    """Train an NNX ``model`` data parallel on ``num_devices`` (jit + shardings) with SGD,
+    momentum 0.9; plot the test accuracy after each epoch and return the history."""
+    d2l.check_positive(lr=lr, num_epochs=num_epochs)
+    mesh = d2l.device_mesh((num_devices,))
+    optimizer = nnx.Optimizer(model, optax.sgd(lr, momentum=0.9), wrt=nnx.Param)
+    nnx.update((model, optimizer), d2l.shard(nnx.state((model, optimizer)), mesh))  # P()
+    animator = d2l.Animator("epoch", "test acc", xlim=[1, num_epochs], ylim=[0, 1])
+    timer, history = d2l.Timer(), []
+    for epoch in range(num_epochs):
+        timer.start()
+        for X, y in data.get_dataloader(train=True, drop_last=True):
+            loss = nnx_train_step(model, optimizer, *d2l.shard_batch(X, y, mesh))
+        loss = float(loss)  # waits for the last step, so the timer sees all the work
+        timer.stop()
+        acc = evaluate_nnx(model, data.get_dataloader(train=False), mesh)
+        animator.add(epoch + 1, acc)
+        history.append({"epoch": epoch + 1, "loss": loss, "test_acc": acc,
+                        "sec": timer.times[-1]})
+    print(f"test acc: {acc:.2f}, {timer.avg():.1f} sec/epoch on {d2l.describe(mesh.devices.flat)}")
+    return history
+
+
+# ----- Classic: Flax Linen, TrainState and pmap -----
+
+class LinenCNN(nn.Module):
+    """The same CNN in Linen: layers declared inline; ``init`` returns the parameters."""
 
     @nn.compact
     def __call__(self, x):
@@ -27,8 +110,8 @@ class CNN(nn.Module):
 
 
 def create_train_state(rng, learning_rate, momentum):
-    """A TrainState holding CNN's parameters (initialised from ``rng``) and SGD with momentum."""
-    cnn = CNN()
+    """A TrainState holding LinenCNN's parameters (drawn from ``rng``) and SGD with momentum."""
+    cnn = LinenCNN()
     params = cnn.init(rng, jnp.ones([1, 28, 28, 1]))["params"]
     tx = optax.sgd(learning_rate, momentum)
     return train_state.TrainState.create(apply_fn=cnn.apply, params=params, tx=tx)
@@ -56,36 +139,105 @@ def update_model(state, grads):
     return state.apply_gradients(grads=grads)
 
 
+def cnn_from_linen(params):
+    """An NNX ``CNN`` holding the Linen ``LinenCNN``'s ``params``, matched layer by layer by
+    name (both keep kernels in the same layout: HWIO for convolutions, (in, out) for dense)."""
+    layers = {"conv1": "Conv_0", "conv2": "Conv_1", "dense1": "Dense_0", "dense2": "Dense_1"}
+    missing = sorted(set(layers.values()) - set(params))
+    if missing:
+        raise ValueError(f"params has no layers {missing} (it has {sorted(params)}); pass "
+                         f"LinenCNN's parameters, e.g. create_train_state(...).params")
+    model = nnx.eval_shape(lambda: CNN(rngs=nnx.Rngs(0)))  # the structure; no values drawn
+    nnx.update(model, {mine: dict(params[theirs]) for mine, theirs in layers.items()})
+    return model
+
+
 @jax.jit
 def jit_train_step(state, images, labels):
-    """One step with ``jit``: a batch sharded over the devices makes it data parallel."""
+    """One step of the classic TrainState with ``jit``: a batch sharded over the devices
+    makes it data parallel, as for NNX."""
     grad_fn = jax.value_and_grad(cross_entropy_loss, has_aux=True)
     (loss, logits), grads = grad_fn(state.params, state, images, labels)
     accuracy = jnp.mean(jnp.argmax(logits, -1) == labels)
     return state.apply_gradients(grads=grads), loss, accuracy
 
 
-class CNNBatchNorm(nn.Module):
-    """CNN with BatchNorm after each convolution. ``axis_name``: the device axis that BatchNorm
-    averages its batch statistics over under ``pmap`` (None: each device uses its own)."""
-    axis_name: Any = None
+# ----- d2l's ResNet-18 in NNX (notebook 05b) -----
 
-    @nn.compact
-    def __call__(self, x, train=True):
-        norm = functools.partial(nn.BatchNorm, use_running_average=not train, momentum=0.9,
-                                 axis_name=self.axis_name)
-        x = nn.avg_pool(nn.relu(norm()(nn.Conv(32, (3, 3))(x))), (2, 2), strides=(2, 2))
-        x = nn.avg_pool(nn.relu(norm()(nn.Conv(64, (3, 3))(x))), (2, 2), strides=(2, 2))
-        x = nn.relu(nn.Dense(256)(x.reshape((x.shape[0], -1))))
-        return nn.Dense(10)(x)
+class Residual(nnx.Module):
+    """d2l's residual block: two 3x3 convolutions with BatchNorm, and a 1x1 convolution on the
+    shortcut when the block changes the size or the number of channels."""
+
+    def __init__(self, in_channels, channels, strides=1, use_1x1conv=False, *, rngs):
+        conv = functools.partial(nnx.Conv, rngs=rngs)
+        norm = functools.partial(nnx.BatchNorm, channels, momentum=0.9, rngs=rngs)
+        self.conv1 = conv(in_channels, channels, (3, 3), strides, padding=1)
+        self.bn1 = norm()
+        self.conv2 = conv(channels, channels, (3, 3), padding=1)
+        self.bn2 = norm()
+        self.conv3 = conv(in_channels, channels, (1, 1), strides) if use_1x1conv else None
+
+    def __call__(self, x):
+        y = nnx.relu(self.bn1(self.conv1(x)))
+        y = self.bn2(self.conv2(y))
+        if self.conv3 is not None:
+            x = self.conv3(x)
+        return nnx.relu(y + x)
 
 
-class Residual(nn.Module):
-    """d2l's residual block: two 3x3 conv + BatchNorm, optionally a 1x1 conv on the shortcut."""
+class ResNet(nnx.Module):
+    """d2l's ResNet for 28x28 images: a 3x3 stem with BatchNorm (no max-pooling), then one
+    stage per ``(num_residuals, channels)`` in ``arch``; every stage but the first halves the
+    height and width. Global average pooling and a dense layer give the logits."""
+
+    def __init__(self, arch, num_classes=10, *, rngs):
+        if not arch:
+            raise ValueError("arch is empty: give one (num_residuals, channels) per stage")
+        for num_residuals, num_channels in arch:
+            d2l.check_positive(num_residuals=num_residuals, num_channels=num_channels)
+        channels = arch[0][1]
+        self.stem = nnx.Conv(1, channels, (3, 3), padding=1, rngs=rngs)
+        self.bn = nnx.BatchNorm(channels, momentum=0.9, rngs=rngs)
+        blocks = []
+        for stage, (num_residuals, out) in enumerate(arch):
+            for block in range(num_residuals):
+                first = stage > 0 and block == 0  # halve the size, change the channels
+                blocks.append(Residual(channels, out, 2 if first else 1, first, rngs=rngs))
+                channels = out
+        self.blocks = nnx.List(blocks)
+        self.dense = nnx.Linear(channels, num_classes, rngs=rngs)
+
+    def __call__(self, x):
+        x = nnx.relu(self.bn(self.stem(x)))
+        for block in self.blocks:
+            x = block(x)
+        return self.dense(x.mean(axis=(1, 2)))  # global average pooling
+
+
+def ResNet18(num_classes=10, width=64, *, rngs):
+    """ResNet-18: four stages of two residual blocks, ``width`` to 8 x ``width`` channels."""
+    return ResNet(tuple((2, width * 2 ** i) for i in range(4)), num_classes, rngs=rngs)
+
+
+def resnet18_budget():
+    """``(width, num_train, num_val)`` for training ResNet-18 on this machine: d2l's full width
+    64 on all of Fashion-MNIST (None: all) on accelerators; width 16 on 10,000 training and
+    2,000 test images on CPUs, where a convolution costs about (64/16)^2 = 16 times less."""
+    from .smoke_switch import shrink
+    if d2l.devices()[0].platform != "cpu":
+        return 64, None, None
+    return shrink(16, 4), shrink(10000, 512), shrink(2000, 256)
+
+
+# ----- Classic: ResNet-18 in Linen (for notebooks that use Linen's init/apply) -----
+
+class LinenResidual(nn.Module):
+    """d2l's residual block in Linen: two 3x3 conv + BatchNorm, optionally a 1x1 conv on the
+    shortcut. ``axis_name``: the device axis over which BatchNorm averages under ``pmap``."""
     channels: int
     strides: int = 1
     use_1x1conv: bool = False
-    axis_name: Any = None
+    axis_name: object = None
 
     @nn.compact
     def __call__(self, x, train=True):
@@ -99,12 +251,12 @@ class Residual(nn.Module):
         return nn.relu(y + x)
 
 
-class ResNet(nn.Module):
-    """d2l's ResNet for 28x28 inputs: a 3x3 stem without max-pooling, then one stage per
-    ``(num_residuals, channels)`` in ``arch``; every stage but the first halves the size."""
-    arch: Any
+class LinenResNet(nn.Module):
+    """``ResNet`` in Linen: a 3x3 stem without max-pooling, then one stage per
+    ``(num_residuals, channels)`` in ``arch``; call with ``train=True`` or ``False``."""
+    arch: tuple
     num_classes: int = 10
-    axis_name: Any = None
+    axis_name: object = None
 
     @nn.compact
     def __call__(self, x, train=True):
@@ -114,87 +266,14 @@ class ResNet(nn.Module):
         for stage, (num_residuals, channels) in enumerate(self.arch):
             for block in range(num_residuals):
                 first = stage > 0 and block == 0  # halve the size, change the channels
-                x = Residual(channels, strides=2 if first else 1, use_1x1conv=first,
-                             axis_name=self.axis_name)(x, train)
+                x = LinenResidual(channels, strides=2 if first else 1, use_1x1conv=first,
+                                  axis_name=self.axis_name)(x, train)
         x = jnp.mean(x, axis=(1, 2))  # global average pooling
         return nn.Dense(self.num_classes)(x)
 
 
-def ResNet18(num_classes=10, width=64, axis_name=None):
-    """ResNet-18: four stages of two residual blocks, ``width`` to 8x ``width`` channels."""
-    arch = tuple((2, width * 2 ** i) for i in range(4))
-    return ResNet(arch, num_classes, axis_name)
-
-
-class TrainState(train_state.TrainState):
-    """A TrainState that also carries BatchNorm's running statistics."""
-    batch_stats: Any = None
-
-
-def create_bn_train_state(rng, model, learning_rate, momentum):
-    """A TrainState (with ``batch_stats``) for a BatchNorm ``model`` on 28x28 images."""
-    init = jax.jit(functools.partial(model.init, train=False))  # compiled once, not op by op
-    variables = init(rng, jnp.ones([1, 28, 28, 1]))
-    return TrainState.create(apply_fn=model.apply, params=variables["params"],
-                             batch_stats=variables["batch_stats"],
-                             tx=optax.sgd(learning_rate, momentum))
-
-
-def bn_train_step(state, images, labels, axis_name=None):
-    """One SGD step of a BatchNorm model; under ``pmap`` pass the device ``axis_name``."""
-    def loss_fn(params):
-        logits, updates = state.apply_fn(
-            {"params": params, "batch_stats": state.batch_stats}, images, train=True,
-            mutable=["batch_stats"])
-        loss = optax.softmax_cross_entropy_with_integer_labels(logits, labels).mean()
-        return loss, (logits, updates["batch_stats"])
-    (loss, (logits, batch_stats)), grads = jax.value_and_grad(loss_fn, has_aux=True)(
-        state.params)
-    if axis_name is not None:  # pmap: average the gradients ourselves
-        grads, loss = lax.pmean((grads, loss), axis_name)
-    accuracy = jnp.mean(jnp.argmax(logits, -1) == labels)
-    return state.apply_gradients(grads=grads, batch_stats=batch_stats), loss, accuracy
-
-
-@jax.jit
-def num_correct_flax(state, images, labels):
-    """How many predictions of ``state``'s model (in inference mode) equal ``labels``."""
-    variables = {"params": state.params}
-    if getattr(state, "batch_stats", None) is not None:
-        variables["batch_stats"] = state.batch_stats
-        logits = state.apply_fn(variables, images, train=False)
-    else:
-        logits = state.apply_fn(variables, images)
-    return (jnp.argmax(logits, -1) == labels).sum()
-
-
-def evaluate_flax(state, data_iter):
-    """Accuracy of an unreplicated Flax ``state`` over ``data_iter``."""
-    metric = d2l.Accumulator(2)  # number correct, number of examples
-    for X, y in data_iter:
-        metric.add(num_correct_flax(state, X, y), y.size)
-    return metric[0] / metric[1]
-
-
-def train_sharded(state, data, num_devices, batch_size, num_epochs):
-    """Train a BatchNorm model's ``state`` data parallel with jit + shardings, timed per epoch."""
-    mesh = d2l.device_mesh((num_devices,))
-    d2l.check_divisible(batch_size, num_devices)
-    step = jax.jit(bn_train_step)
-    state = d2l.shard(state, mesh)  # replicated: P()
-    X0, y0 = data.train[0][:batch_size], data.train[1][:batch_size]
-    jax.block_until_ready(step(state, *d2l.shard_batch(X0, y0, mesh)))  # compile, untimed
-    animator = d2l.Animator("epoch", "test acc", xlim=[1, max(num_epochs, 2)], ylim=[0, 1])
-    timer, history = d2l.Timer(), []
-    for epoch in range(num_epochs):
-        timer.start()
-        for X, y in data.get_dataloader(True, batch_size, drop_last=True):
-            state, loss, _ = step(state, *d2l.shard_batch(X, y, mesh))
-        loss = float(loss)  # waits for the last step, so the timer sees all the work
-        timer.stop()
-        acc = evaluate_flax(state, data.get_dataloader(False, batch_size))
-        animator.add(epoch + 1, acc)
-        history.append({"epoch": epoch + 1, "loss": loss, "test_acc": acc,
-                        "sec": timer.times[-1]})
-    print(f"test acc: {acc:.2f}, {timer.avg():.1f} sec/epoch on {d2l.describe(mesh.devices.flat)}")
-    return state, history, animator
+def LinenResNet18(num_classes=10, width=64, axis_name=None):
+    """``ResNet18`` in Linen: four stages of two residual blocks, ``width`` to 8 x ``width``
+    channels; its variables come from ``init`` (``params`` and ``batch_stats``)."""
+    d2l.check_positive(num_classes=num_classes, width=width)
+    return LinenResNet(tuple((2, width * 2 ** i) for i in range(4)), num_classes, axis_name)

@@ -125,25 +125,20 @@ def test_shard_map_gradient_variants(lenet_params, batches, mesh, variant, check
     assert_trees_close(grads, expect, tol=dict(rtol=1e-5, atol=1e-5))
 
 
-# ----- Flax: pmap (apply_model / update_model) vs jit + NamedSharding -----
+# ----- Flax, classic: Linen TrainState with pmap (apply_model / update_model) vs jit -----
 
-def flax_state(model, seed=0, momentum=0.9):
+def flax_state(seed=0, momentum=0.9):
+    """The classic TrainState of LinenCNN, parameters filled by NumPy, on the host."""
+    model = d2l.LinenCNN()
     shapes = jax.eval_shape(model.init, jax.random.key(0), jax.ShapeDtypeStruct(
         (1, 28, 28, 1), np.float32))
-    variables = numpy_like(shapes, seed)
-    if "batch_stats" in variables:  # BatchNorm: running mean 0, variance 1
-        variables["batch_stats"] = jax.tree_util.tree_map_with_path(
-            lambda path, v: np.ones_like(v) if "var" in jax.tree_util.keystr(path)
-            else np.zeros_like(v), variables["batch_stats"])
-        return jax.device_get(d2l.TrainState.create(
-            apply_fn=model.apply, params=variables["params"],
-            batch_stats=variables["batch_stats"], tx=optax.sgd(LR, momentum)))
     return jax.device_get(train_state.TrainState.create(
-        apply_fn=model.apply, params=variables["params"], tx=optax.sgd(LR, momentum)))
+        apply_fn=model.apply, params=numpy_like(shapes, seed)["params"],
+        tx=optax.sgd(LR, momentum)))
 
 
 def test_flax_pmap_equals_flax_jit(batches, mesh):
-    state = flax_state(d2l.CNN())
+    state = flax_state()
     pmapped = jax_utils.replicate(state)
     sharded = d2l.shard(state, mesh)
     for X, y in batches:
@@ -158,15 +153,15 @@ def test_flax_pmap_equals_flax_jit(batches, mesh):
 
 @pytest.fixture(scope="module")
 def flax_single_device(batches):
-    """The Flax CNN trained K steps on one device, unsharded batches."""
-    state = jax.device_put(flax_state(d2l.CNN()), jax.devices()[0])
+    """The Linen CNN trained K steps on one device, unsharded batches."""
+    state = jax.device_put(flax_state(), jax.devices()[0])
     for X, y in batches:
         state, _, _ = d2l.jit_train_step(state, X, y)
     return state
 
 
 def test_flax_pmap_equals_flax_single_device(batches, flax_single_device):
-    pmapped = jax_utils.replicate(flax_state(d2l.CNN()))
+    pmapped = jax_utils.replicate(flax_state())
     for X, y in batches:
         grads, _, _ = d2l.apply_model(pmapped, *d2l.split_batch(X, y, NUM_DEVICES))
         pmapped = d2l.update_model(pmapped, grads)
@@ -176,7 +171,7 @@ def test_flax_pmap_equals_flax_single_device(batches, flax_single_device):
 
 
 def test_flax_jit_sharding_equals_flax_single_device(batches, mesh, flax_single_device):
-    sharded = d2l.shard(flax_state(d2l.CNN()), mesh)
+    sharded = d2l.shard(flax_state(), mesh)
     for X, y in batches:
         sharded, _, _ = d2l.jit_train_step(sharded, *d2l.shard_batch(X, y, mesh))
     assert len(sharded.params["Dense_0"]["kernel"].sharding.device_set) == NUM_DEVICES
@@ -184,23 +179,88 @@ def test_flax_jit_sharding_equals_flax_single_device(batches, mesh, flax_single_
     assert_trees_close(sharded.opt_state, flax_single_device.opt_state)
 
 
-def test_flax_batchnorm_global_statistics(batches, mesh):
-    """BatchNorm under jit + shardings == pmap with axis_name: global batch statistics."""
-    state = flax_state(d2l.CNNBatchNorm())
-    synced_model = d2l.CNNBatchNorm(axis_name="devices")
-    step_pmap = jax.pmap(lambda s, X, y: d2l.bn_train_step(s, X, y, axis_name="devices"),
-                         axis_name="devices")
-    step_jit = jax.jit(d2l.bn_train_step)
-    sharded = d2l.shard(state, mesh)
-    pmapped = jax_utils.replicate(state.replace(apply_fn=synced_model.apply))
+# ----- Flax, modern: NNX with nnx.jit + shardings; and classic == modern -----
+
+def nnx_cnn(mesh=None):
+    """The NNX CNN holding flax_state()'s parameters and its SGD-with-momentum optimizer,
+    replicated on ``mesh`` when one is given."""
+    from flax import nnx
+    model = d2l.cnn_from_linen(flax_state().params)
+    optimizer = nnx.Optimizer(model, optax.sgd(LR, momentum=0.9), wrt=nnx.Param)
+    if mesh is not None:
+        nnx.update((model, optimizer), d2l.shard(nnx.state((model, optimizer)), mesh))
+    return model, optimizer
+
+
+def test_nnx_sharded_equals_nnx_single_device(batches, mesh):
+    from flax import nnx
+    single, sharded = nnx_cnn(), nnx_cnn(mesh)
     for X, y in batches:
-        order = np.argsort(y, kind="stable")  # shards whose own statistics differ
-        X, y = X[order], y[order]
-        sharded, _, _ = step_jit(sharded, *d2l.shard_batch(X, y, mesh))
-        pmapped, _, _ = step_pmap(pmapped, *d2l.split_batch(X, y, NUM_DEVICES))
-    pmapped = jax_utils.unreplicate(pmapped)
-    assert_trees_close(pmapped.params, sharded.params, tol=dict(rtol=1e-4, atol=1e-5))
-    assert_trees_close(pmapped.batch_stats, sharded.batch_stats, tol=dict(rtol=1e-4, atol=1e-5))
+        d2l.nnx_train_step(*single, X, y)
+        d2l.nnx_train_step(*sharded, *d2l.shard_batch(X, y, mesh))
+    kernel = sharded[0].dense1.kernel[...]
+    assert kernel.sharding.spec == P() and len(kernel.sharding.device_set) == NUM_DEVICES
+    assert int(sharded[1].step[...]) == K
+    assert_trees_close(nnx.state(single[0], nnx.Param), nnx.state(sharded[0], nnx.Param))
+    assert_trees_close(nnx.state(single[1].opt_state), nnx.state(sharded[1].opt_state))
+
+
+def test_classic_pmap_equals_modern_nnx(batches, mesh):
+    """Notebook 05a's proof: the Linen pmap recipe and the NNX jit + shardings step, started
+    from the same parameters (mapped by name), reach the same parameters."""
+    from flax import nnx
+    pmapped = jax_utils.replicate(flax_state())
+    model, optimizer = nnx_cnn(mesh)
+    for X, y in batches:
+        grads, _, _ = d2l.apply_model(pmapped, *d2l.split_batch(X, y, NUM_DEVICES))
+        pmapped = d2l.update_model(pmapped, grads)
+        d2l.nnx_train_step(model, optimizer, *d2l.shard_batch(X, y, mesh))
+    classic = d2l.cnn_from_linen(jax_utils.unreplicate(pmapped).params)
+    assert_trees_close(nnx.state(classic, nnx.Param), nnx.state(model, nnx.Param))
+
+
+def sorted_batches(batches):
+    """The batches sorted by label, so that each device's rows hold different classes and
+    per-device BatchNorm statistics would differ from global ones."""
+    return [(X[np.argsort(y, kind="stable")], np.sort(y, kind="stable")) for X, y in batches]
+
+
+def test_nnx_batchnorm_resnet_sharded_equals_single_device(batches, mesh):
+    """BatchNorm under nnx.jit + shardings uses global statistics: a small ResNet trained on
+    8 devices matches one device, running statistics included."""
+    from flax import nnx
+
+    def make():
+        model = d2l.ResNet(((1, 4), (1, 8)), rngs=nnx.Rngs(0))
+        return model, nnx.Optimizer(model, optax.sgd(LR, momentum=0.9), wrt=nnx.Param)
+    single, sharded = make(), make()
+    nnx.update(sharded, d2l.shard(nnx.state(sharded), mesh))
+    for X, y in sorted_batches(batches):
+        d2l.nnx_train_step(*single, X, y)
+        d2l.nnx_train_step(*sharded, *d2l.shard_batch(X, y, mesh))
+    tol = dict(rtol=1e-4, atol=1e-5)  # BatchNorm divides by small variances
+    assert_trees_close(nnx.state(single[0], nnx.Param), nnx.state(sharded[0], nnx.Param), tol)
+    assert_trees_close(nnx.state(single[0], nnx.BatchStat),
+                       nnx.state(sharded[0], nnx.BatchStat), tol)
+
+
+def test_linen_batchnorm_pmap_statistics(batches):
+    """Notebook 05b: under pmap, Linen's BatchNorm with the device axis_name normalises like
+    one device; without it, with each device's own statistics."""
+    import flax.linen as nn
+    X = sorted_batches(batches)[0][0]
+
+    def normalise(axis_name, pmap=True):
+        bn = nn.BatchNorm(use_running_average=False, axis_name=axis_name)
+        variables = bn.init(jax.random.key(0), X[:1])
+        apply = lambda x: bn.apply(variables, x, mutable=["batch_stats"])[0]
+        if not pmap:
+            return np.asarray(jax.jit(apply)(X))
+        out = jax.pmap(apply, axis_name="devices")(X.reshape(NUM_DEVICES, -1, *X.shape[1:]))
+        return np.asarray(out).reshape(X.shape)
+    one = normalise(None, pmap=False)
+    np.testing.assert_allclose(normalise("devices"), one, rtol=1e-4, atol=1e-5)
+    assert np.abs(normalise(None) - one).max() > 1e-2
 
 
 # ----- Keras 3 on JAX: the stateless data-parallel step vs the single-device step -----

@@ -261,6 +261,66 @@ def shard_map_grad():
     save(fig, "shard_map_grad")
 
 
+def flax_two_paths():
+    """Notebook 05a: data parallelism with Flax, the classic way (Linen + pmap) and the modern
+    way (NNX + nnx.jit + shardings), on k = 4 devices."""
+    fig, ax = canvas(9.0, 4.3)
+    for x0, title in ((0.15, "classic: Linen + pmap"), (4.7, "modern: NNX + nnx.jit + shardings")):
+        ax.text(x0 + 2.07, 4.05, title, ha="center", size=10, weight="bold")
+    # classic: stacked copies, a reshaped batch, a per-device program with pmean written by hand
+    ax.text(0.15, 3.6, "TrainState: one copy per device, stacked", size=8, color="#555555")
+    ax.text(0.15, 2.85, "batch: split_batch → (devices, B/4, ...)", size=8, color="#555555")
+    for d in range(4):
+        x = 0.15 + d * 1.05
+        box(ax, x, 3.15, 0.9, 0.36, f"copy {d}", face=LIGHT[d], size=8)
+        box(ax, x, 2.4, 0.9, 0.36, "B/4", face=DEVICE[d], color="white", size=8)
+        box(ax, x, 1.45, 0.9, 0.6, f"apply_model\non device {d}", face=LIGHT[d], size=7)
+        arrow(ax, (x + 0.45, 2.4), (x + 0.45, 2.05))
+        box(ax, x, 0.15, 0.9, 0.5, "update_\nmodel", face=LIGHT[d], size=8)
+    box(ax, 0.15, 0.85, 4.05, 0.4, "lax.pmean(grads, 'devices'): written by you", face="#FFF2CC",
+        size=8)
+    # modern: global arrays with layouts, one program, the compiler partitions it
+    box(ax, 4.7, 3.15, 4.15, 0.36, "model + optimizer: global arrays, layout P() (replicated)",
+        face=GREY, size=8)
+    ax.text(4.7, 2.85, "batch: one global array, layout P('data')", size=8, color="#555555")
+    for d in range(4):
+        box(ax, 4.7 + d * 1.05, 2.4, 0.95 if d < 3 else 0.99, 0.36, "B/4 rows", face=DEVICE[d],
+            color="white", size=8, style="square,pad=0")
+    box(ax, 4.7, 1.45, 4.15, 0.6, "nnx_train_step: the single-device step\ncompiled once for the "
+        "mesh", face="#DDE8F5", size=8)
+    arrow(ax, (6.78, 2.4), (6.78, 2.05))
+    box(ax, 4.7, 0.85, 4.15, 0.4, "allreduce of the gradients: inserted by the compiler",
+        face="#FFF2CC", size=8)
+    box(ax, 4.7, 0.15, 4.15, 0.5, "in-place update of model and optimizer, on every device",
+        face=GREY, size=8)
+    ax.plot([4.45, 4.45], [0.1, 4.2], color="#BBBBBB", lw=0.8)
+    save(fig, "flax_two_paths")
+
+
+def resnet18():
+    """Notebook 05b: d2l's ResNet-18 for 28x28 images, with the output shape of each part for
+    b images and width w, and how often each weight of the part is used per image."""
+    fig, ax = canvas(9.0, 2.3)
+    parts = [("input", "b×28×28×1", ""), ("conv 3×3\n+ BN + ReLU", "b×28×28×w", "784"),
+             ("stage 1\n2 blocks", "b×28×28×w", "784"), ("stage 2\n2 blocks", "b×14×14×2w", "196"),
+             ("stage 3\n2 blocks", "b×7×7×4w", "49"), ("stage 4\n2 blocks", "b×4×4×8w", "16"),
+             ("global\navg pool", "b×8w", ""), ("dense", "b×10", "1")]
+    ax.text(0.62, 0.3, "uses of a weight\nper image:", ha="center", size=7.5, color="#8A5A00")
+    for i, (name, shape, uses) in enumerate(parts):
+        x = 0.15 + i * 1.1
+        face = GREY if i in (0, 6) else LIGHT[min(max(i - 2, 0), 3)] if 2 <= i <= 5 else LIGHT[0]
+        box(ax, x, 1.0, 0.95, 0.8, name, face=face, size=8)
+        ax.text(x + 0.475, 0.7, shape, ha="center", size=7.5, color="#444444")
+        if uses:
+            ax.text(x + 0.475, 0.42, uses, ha="center", size=7.5, color="#8A5A00")
+        if i:
+            arrow(ax, (x - 0.15, 1.4), (x, 1.4))
+    ax.text(4.5, 2.05, "a block: conv 3×3 + BN + ReLU, conv 3×3 + BN, add the shortcut, ReLU "
+            "(stages 2-4 start with stride 2 and a 1×1 conv on the shortcut)", ha="center",
+            size=7.5, color="#444444")
+    save(fig, "resnet18")
+
+
 def memory_per_device():
     """What each of 4 devices holds under data parallelism and under FSDP (Adam)."""
     fig, ax = canvas(9.0, 3.5)
@@ -373,7 +433,8 @@ def pipeline_schedules():
 
 
 FIGURES = [lenet, split_network, split_layers, split_data, data_parallel_step, ring_allreduce,
-           gather_to_one, three_modes, shard_map_grad, memory_per_device, megatron_mlp,
+           gather_to_one, three_modes, shard_map_grad, flax_two_paths, resnet18,
+           memory_per_device, megatron_mlp,
            pipeline_schedules]
 
 def checkpoint_layout():
