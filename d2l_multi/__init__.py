@@ -34,7 +34,8 @@ _MODULES = {  # module: the public names it holds, in the chapter's order
     # ensembles
     "ensemble": ["apply_ensemble", "check_ensemble_size", "create_ensemble_state",
                  "create_stacked_ensemble", "ensemble_num_correct", "evaluate_ensemble",
-                 "map_members", "member_num_correct", "member_step", "stacked_train_step"],
+                 "evaluate_stacked", "map_members", "member_num_correct", "member_step",
+                 "stacked_train_step", "train_ensemble", "train_stacked"],
     # sharding beyond data parallelism
     "memory": ["OPTIMIZER_STATE_COPIES", "count_params", "saved_activation_bytes",
                "training_memory", "transformer_activation_bytes", "transformer_memory",
