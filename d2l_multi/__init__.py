@@ -36,25 +36,25 @@ _MODULES = {  # module: the public names it holds, in the chapter's order
                  "create_stacked_ensemble", "ensemble_num_correct", "evaluate_ensemble",
                  "evaluate_stacked", "map_members", "member_num_correct", "member_step",
                  "stacked_train_step", "train_ensemble", "train_stacked"],
-    # sharding beyond data parallelism
+    # memory and meshes
     "memory": ["OPTIMIZER_STATE_COPIES", "count_params", "saved_activation_bytes",
-               "training_memory", "transformer_activation_bytes", "transformer_memory",
-               "transformer_param_count"],
-    "text": ["TINY_TEXT", "CharCorpus"],
+               "training_memory", "transformer_footprint"],
     "transformer": ["CausalSelfAttention", "MLP", "TransformerBlock", "TransformerLM",
-                    "lm_loss", "lm_train_step", "logical_constraint", "logical_init",
-                    "logical_linear"],
-    "sharding": ["COLLECTIVES", "LOGICAL_AXES", "STRATEGIES", "abstract_state",
-                 "bytes_per_device", "check_layout", "check_rules", "count_collectives",
-                 "create_sharded", "reshard", "shard_tokens", "sharding_rules",
-                 "use_sharding"],
+                    "lm_loss", "logical_constraint", "logical_init", "logical_linear"],
+    "sharding": ["abstract_state", "bytes_per_device", "check_layout", "check_rules",
+                 "create_sharded", "use_sharding"],
+    # FSDP, tensor and pipeline parallelism
+    "text": ["TINY_TEXT", "CharCorpus"],
+    "strategies": ["COLLECTIVES", "LOGICAL_AXES", "STRATEGIES", "bubble_fraction",
+                   "count_collectives", "lm_train_step", "reshard", "shard_tokens",
+                   "sharding_rules"],
     # checkpoints and input pipelines
-    "checkpoint": ["CheckpointError", "abstract_like", "check_fits", "checkpoint_manager",
-                   "lenet_specs", "restore_checkpoint", "save_checkpoint",
-                   "sharded_train_state", "state_specs", "train_steps"],
+    "checkpoint": ["CheckpointError", "abstract_like", "check_finite", "check_fits",
+                   "checkpoint_manager", "lenet_specs", "restore_checkpoint", "save_checkpoint",
+                   "saved_steps", "sharded_train_state", "state_specs", "train_steps"],
     "input_pipeline": ["ArraySource", "grain_loader"],
     # several processes
-    "distributed": ["check_device_counts", "detect_cluster", "global_batch",
+    "distributed": ["check_device_counts", "detect_cluster", "exit_worker", "global_batch",
                     "initialize_distributed", "launcher_settings", "process_batches"],
 }
 _HOME = {name: module for module, names in _MODULES.items() for name in names}

@@ -17,7 +17,7 @@ TRACEBACK_ENV = "D2L_MULTI_TRACEBACK"
 def expected_errors():
     """The exceptions that report a problem with the input or the environment, not a bug."""
     from .data import DataError
-    errors = (DataError, ValueError, FloatingPointError, OSError)
+    errors = (DataError, ValueError, FloatingPointError, OSError, MemoryError)
     if "d2l_multi.checkpoint" in sys.modules:  # loaded only by commands that use Orbax
         errors += (sys.modules["d2l_multi.checkpoint"].CheckpointError,)
     return errors

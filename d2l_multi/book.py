@@ -28,7 +28,8 @@ def book_paths(root=ROOT):
 
 
 def stage_sources(root, dest):
-    """Copy ``book/`` and ``chapters/*.ipynb`` into ``dest``, the Sphinx source folder."""
+    """Copy ``book/``, ``chapters/*.ipynb`` and ``chapters/img/`` into ``dest``, the Sphinx
+    source folder."""
     paths = book_paths(root)
     if not (paths["conf"] / "conf.py").is_file():
         raise FileNotFoundError(f"{paths['conf'] / 'conf.py'} is missing: build the book from a "
@@ -41,6 +42,8 @@ def stage_sources(root, dest):
     (dest / "chapters").mkdir()
     for nb in notebooks:
         shutil.copy2(nb, dest / "chapters" / nb.name)
+    if (paths["chapters"] / "img").is_dir():  # the notebooks' figures
+        shutil.copytree(paths["chapters"] / "img", dest / "chapters" / "img")
     return [nb.stem for nb in notebooks]
 
 

@@ -1,13 +1,22 @@
 """Checkpoints of a sharded train state with Orbax: save while training, restore onto the same or
-a different mesh (resharding on load), resume exactly where the run stopped, data included."""
+a different mesh (resharding on load), resume exactly where the run stopped, data included.
+
+Every function checks its arguments first and names the value and the fix. A restore reads
+only: whatever goes wrong (a damaged or missing checkpoint, arrays of other shapes or dtypes, a
+layout the devices cannot take, too little memory, no permission), no file changes.
+"""
+import logging
+import math
+import os
 import pathlib
 
 import grain
 import jax
 import jax.numpy as jnp
+import numpy as np
 import optax
 import orbax.checkpoint as ocp
-from jax.sharding import NamedSharding, PartitionSpec as P
+from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
 import d2l_multi as d2l
 
@@ -16,15 +25,46 @@ class CheckpointError(RuntimeError):
     """A checkpoint exists but cannot be read: it is damaged or was not written by Orbax."""
 
 
+def _check_mesh(mesh):
+    if not isinstance(mesh, Mesh):
+        raise ValueError(f"mesh must be a jax.sharding.Mesh (e.g. d2l.device_mesh((4, 2))), got "
+                         f"{type(mesh).__name__}")
+
+
+def _is_spec(x):
+    return isinstance(x, P) or x is None
+
+
+def _check_specs(tree, specs, what="specs"):
+    """Raise a ValueError unless ``specs`` holds one PartitionSpec per array of ``tree``."""
+    spec_leaves = jax.tree.leaves(specs, is_leaf=_is_spec)
+    if any(s is None or not isinstance(s, P) for s in spec_leaves):
+        bad = next(s for s in spec_leaves if not isinstance(s, P))
+        raise ValueError(f"{what} must hold a PartitionSpec for every array, found {bad!r}; "
+                         f"write P() for a replicated array")
+    tree_def = jax.tree.structure(tree)
+    spec_def = jax.tree.structure(specs, is_leaf=_is_spec)
+    if tree_def != spec_def:
+        raise ValueError(f"{what} must have the structure of the arrays, one PartitionSpec per "
+                         f"array: the arrays are {tree_def.num_leaves} in {tree_def}, the "
+                         f"specs {spec_def.num_leaves} in {spec_def}")
+
+
 def lenet_specs(axis="model"):
     """LeNet's layouts: the convolutions replicated, the dense layers split over ``axis`` the
     tensor-parallel way (W3's columns with b3, W4's rows)."""
+    if not isinstance(axis, str) or not axis:
+        raise ValueError(f"axis must be the name of a mesh axis, e.g. 'model', got {axis!r}")
     return [P(), P(), P(), P(), P(None, axis), P(axis), P(axis, None), P()]
 
 
 def state_specs(optimizer, params, specs):
     """PartitionSpecs of the train state: the parameters' ``specs``, the same for the optimizer's
     moments (they have the parameters' shapes), ``P()`` (replicated) for counters and the step."""
+    if not isinstance(optimizer, optax.GradientTransformation):
+        raise ValueError(f"optimizer must be an optax optimizer, e.g. optax.adam(1e-3), got "
+                         f"{type(optimizer).__name__}")
+    _check_specs(params, specs)
     opt_state = jax.eval_shape(optimizer.init, params)  # shapes only, nothing allocated
     return {"params": specs,
             "opt_state": optax.tree_map_params(optimizer, lambda _, spec: spec, opt_state, specs,
@@ -34,111 +74,305 @@ def state_specs(optimizer, params, specs):
 
 def sharded_train_state(params, optimizer, mesh, specs):
     """The train state ``{'params', 'opt_state', 'step'}`` laid out on ``mesh``."""
+    _check_mesh(mesh)
+    layouts = state_specs(optimizer, params, specs)
     state = {"params": params, "opt_state": optimizer.init(params),
              "step": jnp.zeros((), jnp.int32)}
-    return jax.tree.map(lambda x, spec: d2l.shard(x, mesh, spec), state,
-                        state_specs(optimizer, params, specs))
+    return jax.tree.map(lambda x, spec: d2l.shard(x, mesh, spec), state, layouts)
 
 
 def abstract_like(tree, mesh, specs):
     """Shapes and dtypes of ``tree``'s arrays with the layouts ``specs`` on ``mesh``: the target
     that tells Orbax where to put every restored array (no memory is allocated)."""
+    _check_mesh(mesh)
+    _check_specs(tree, specs)
+
     def leaf(x, spec):
         d2l.check_spec(spec, mesh, x.shape)
         return jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=NamedSharding(mesh, spec))
     return jax.tree.map(leaf, tree, specs)
 
 
-def checkpoint_manager(directory, max_to_keep=3, create=True):
+def _check_directory(directory, name="directory"):
+    if isinstance(directory, bytes) or not isinstance(directory, (str, os.PathLike)) or \
+            not str(directory):
+        raise ValueError(f"{name} must be a folder path (str or pathlib.Path), got {directory!r}")
+    directory = pathlib.Path(directory).absolute()
+    if directory.exists() and not directory.is_dir():
+        raise NotADirectoryError(f"{directory} is a file, not a checkpoint folder; pass a folder")
+    return directory
+
+
+def _check_count(name, value, minimum, allow_none=False):
+    if value is None and allow_none:
+        return
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < minimum:
+        none = " or None" if allow_none else ""
+        raise ValueError(f"{name} must be an integer >= {minimum}{none}, got {value!r}")
+
+
+class _QuietReadOnly(logging.Filter):
+    """Drop Orbax's warning that a read-only manager is read-only: we asked for it."""
+
+    def filter(self, record):
+        return not record.getMessage().startswith("Given directory is read only")
+
+
+logging.getLogger("absl").addFilter(_QuietReadOnly())
+
+
+def checkpoint_manager(directory, max_to_keep=3, create=True, read_only=False):
     """An Orbax CheckpointManager keeping the newest ``max_to_keep`` steps under ``directory``
-    (``max_to_keep=None, create=False``: one that never writes or deletes anything)."""
-    options = ocp.CheckpointManagerOptions(max_to_keep=max_to_keep, create=create)
+    (None: all). ``read_only=True``: one that never creates, writes or deletes anything.
+    Close it when done, best with ``with checkpoint_manager(...) as manager:``."""
+    directory = _check_directory(directory)
+    _check_count("max_to_keep", max_to_keep, 1, allow_none=True)
+    for name, flag in [("create", create), ("read_only", read_only)]:
+        if not isinstance(flag, bool):
+            raise ValueError(f"{name} must be True or False, got {flag!r}")
+    if read_only:
+        options = ocp.CheckpointManagerOptions(read_only=True, create=False, max_to_keep=None,
+                                               save_interval_steps=0)
+    else:
+        options = ocp.CheckpointManagerOptions(max_to_keep=max_to_keep, create=create)
     handlers = {"state": ocp.StandardCheckpointHandler(),  # how each item is written and read
                 "data": grain.checkpoint.CheckpointHandler()}
-    return ocp.CheckpointManager(pathlib.Path(directory).absolute(), options=options,
-                                 item_handlers=handlers)
+    try:
+        return ocp.CheckpointManager(directory, options=options, item_handlers=handlers)
+    except PermissionError as e:
+        raise PermissionError(f"cannot create the checkpoint folder {directory} ({e.strerror}); "
+                              f"pass a folder you can write to") from e
+
+
+def saved_steps(directory):
+    """The finished steps saved under ``directory``, oldest first ([] if there is none)."""
+    directory = _check_directory(directory)
+    if not directory.exists():
+        return []
+    with checkpoint_manager(directory, read_only=True) as manager:
+        return sorted(manager.all_steps())
+
+
+def _check_tree(state, what):
+    leaves = jax.tree.leaves(state)
+    if not leaves:
+        raise ValueError(f"{what} holds no arrays ({state!r}); pass a pytree of arrays, e.g. "
+                         f"the train state of d2l.sharded_train_state")
+    return leaves
 
 
 def save_checkpoint(manager, step, state, data_iter=None):
     """Save ``state`` (and where the Grain iterator ``data_iter`` is) as ``step``, in the
     background: call ``manager.wait_until_finished()`` before relying on it."""
+    if not isinstance(manager, ocp.CheckpointManager):
+        raise ValueError(f"manager must be an Orbax CheckpointManager (d2l.checkpoint_manager), "
+                         f"got {type(manager).__name__}")
+    _check_count("step", step, 0)
+    _check_tree(state, "state")
+    if data_iter is not None and not hasattr(data_iter, "get_state"):
+        raise ValueError(f"data_iter must be a Grain iterator (with get_state), got "
+                         f"{type(data_iter).__name__}; pass iter(loader), or None")
+    latest = manager.latest_step()
+    if latest is not None and step <= latest:
+        raise ValueError(f"step {step} is not after the latest saved step {latest} in "
+                         f"{manager.directory}, and Orbax saves only increasing steps; pass a "
+                         f"step > {latest}, or save into a fresh folder")
     items = {"state": ocp.args.StandardSave(state)}
     if data_iter is not None:
         items["data"] = grain.checkpoint.CheckpointSave(data_iter)
-    return manager.save(step, args=ocp.args.Composite(**items))
+    if not manager.save(int(step), args=ocp.args.Composite(**items)):
+        raise ValueError(f"the manager of {manager.directory} did not save step {step}: it is "
+                         f"read-only or its save policy skips that step; save with a manager "
+                         f"from d2l.checkpoint_manager(directory)")
+    return True
+
+
+def _by_path(tree):
+    """{'params.4': leaf, ...}: the arrays of ``tree`` under the names Orbax gives them."""
+    return {jax.tree_util.keystr(path, simple=True, separator="."): x
+            for path, x in jax.tree_util.tree_flatten_with_path(tree)[0]}
 
 
 def check_fits(saved, target, where):
-    """Raise a ValueError naming the arrays whose paths or shapes differ between two trees."""
-    def by_path(tree):  # {'params.4': leaf, ...}, the names Orbax gives the arrays
-        return {jax.tree_util.keystr(path, simple=True, separator="."): x
-                for path, x in jax.tree_util.tree_flatten_with_path(tree)[0]}
-    saved, target = by_path(saved), by_path(target)
-    problems = [f"{k}: saved {tuple(saved[k].shape)}, the model has {tuple(target[k].shape)}"
-                for k in saved.keys() & target.keys()
-                if tuple(saved[k].shape) != tuple(target[k].shape)]
+    """Raise a ValueError naming the arrays whose paths, shapes or dtypes differ between the
+    saved arrays (Orbax's metadata) and the restore target."""
+    saved, target = _by_path(saved), _by_path(target)
+    common = sorted(saved.keys() & target.keys())
+    shapes = [f"{k}: saved {tuple(saved[k].shape)}, the model has {tuple(target[k].shape)}"
+              for k in common if tuple(saved[k].shape) != tuple(target[k].shape)]
+    dtypes = [f"{k}: saved {np.dtype(saved[k].dtype)}, the model has {np.dtype(target[k].dtype)}"
+              for k in common if getattr(saved[k], "dtype", None) is not None
+              and np.dtype(saved[k].dtype) != np.dtype(target[k].dtype)]
+    problems = shapes + dtypes
     problems += [f"{k}: saved, but not in the model" for k in saved.keys() - target.keys()]
     problems += [f"{k}: in the model, but not saved" for k in target.keys() - saved.keys()]
     if problems:
         problems.sort(key=lambda p: (not p.startswith("params"), p))  # parameters first
         more = f" and {len(problems) - 3} more" if len(problems) > 3 else ""
-        raise ValueError(
-            f"the checkpoint {where} does not fit the model: {'; '.join(problems[:3])}{more}. "
-            f"Build the model and optimizer as the run that saved it did, or save the new "
-            f"model's checkpoints in a fresh directory")
+        fix = ("Build the model and optimizer as the run that saved it did, or save the new "
+               "model's checkpoints in a fresh directory")
+        if dtypes and len(dtypes) == len(problems):
+            fix = ("Restore into the saved dtypes and cast afterwards (x.astype(...)), or build "
+                   "the model with the dtypes it was saved with")
+        raise ValueError(f"the checkpoint {where} does not fit the model: "
+                         f"{'; '.join(problems[:3])}{more}. {fix}")
+
+
+def _target(target):
+    """``target`` with NumPy scalars as 0-d arrays; a ValueError names any leaf Orbax cannot
+    restore into and any layout that does not tile its array."""
+    if target is None or not jax.tree.leaves(target):
+        raise ValueError(f"target holds no arrays ({target!r}); pass the shapes, dtypes and "
+                         f"layouts to restore into, e.g. d2l.abstract_like(state, mesh, specs)")
+    target = jax.tree.map(lambda x: np.asarray(x) if isinstance(x, np.generic) else x, target)
+    for name, x in _by_path(target).items():
+        if not isinstance(x, (jax.ShapeDtypeStruct, jax.Array, np.ndarray)):
+            raise ValueError(f"target {name} is a {type(x).__name__}; give arrays or "
+                             f"jax.ShapeDtypeStruct (d2l.abstract_like builds them)")
+        sharding = getattr(x, "sharding", None)
+        if sharding is None:
+            continue
+        try:
+            if isinstance(sharding, NamedSharding):
+                d2l.check_spec(sharding.spec, sharding.mesh, x.shape)
+            else:
+                sharding.shard_shape(x.shape)
+        except ValueError as e:
+            raise ValueError(f"target {name} cannot be laid out as asked: {e}") from None
+    return target
+
+
+def _check_readable(path, recursive=True):
+    """Raise PermissionError naming the first file or folder under ``path`` we cannot read."""
+    paths = [str(path)]
+    if recursive:
+        for root, dirs, files in os.walk(path):
+            paths += [os.path.join(root, name) for name in dirs + files]
+    for p in paths:
+        if not os.access(p, os.R_OK | (os.X_OK if os.path.isdir(p) else 0)):
+            raise PermissionError(f"cannot read {p}: permission denied. Ask for read access to "
+                                  f"the checkpoint folder, or copy it somewhere readable")
+
+
+def _chain(e):
+    seen = []
+    while e is not None and e not in seen:
+        seen.append(e)
+        e = e.__cause__ or e.__context__
+    return seen
+
+
+def _restore_failure(e, where, steps):
+    """The error that says why restoring ``where`` failed: permission, memory, layout, or a
+    damaged checkpoint (the catch-all)."""
+    chain = _chain(e)
+    text = " | ".join(f"{type(x).__name__}: {x}" for x in chain)
+    detail = f"{type(e).__name__}: {str(e)[:200]}"
+    if any(isinstance(x, PermissionError) for x in chain) or "PERMISSION_DENIED" in text \
+            or "Permission denied" in text:
+        return PermissionError(f"cannot read the checkpoint {where}: permission denied "
+                               f"({detail}). Ask for read access to the checkpoint folder, or "
+                               f"copy it somewhere readable")
+    if any(isinstance(x, MemoryError) for x in chain) or "RESOURCE_EXHAUSTED" in text \
+            or "out of memory" in text.lower():
+        return MemoryError(f"the checkpoint {where} does not fit in the devices' memory "
+                           f"({detail}). Restore onto more devices, or split the large arrays "
+                           f"over a mesh axis (their PartitionSpecs) so each device holds less")
+    if any(type(x).__name__ == "IndivisibleError" for x in chain) or any(
+            s in text for s in ("Topology mismatch", "used to save the checkpoint",
+                                "Sharding", "sharding")):
+        return ValueError(f"the arrays of {where} cannot be laid out on these devices as the "
+                          f"target asks ({detail}). Give every array a sharding on this "
+                          f"machine's devices: d2l.abstract_like(shapes, mesh, specs)")
+    return CheckpointError(f"cannot read the checkpoint {where} ({detail}); it is damaged. "
+                           f"Restore another step with step=..., one of {steps}")
 
 
 def restore_checkpoint(directory, target, step=None, data_iter=None):
     """Restore ``step`` (default: the latest finished one) from ``directory`` into arrays laid out
-    as ``target`` says (``abstract_like``); move ``data_iter`` to where it was. Reads only."""
-    directory = pathlib.Path(directory).absolute()
+    as ``target`` says (``abstract_like``); move ``data_iter`` to where it was. Reads only.
+
+    Raises FileNotFoundError (no checkpoint), ValueError (a step not saved; arrays of other
+    paths, shapes or dtypes; a layout these devices cannot take), PermissionError, MemoryError,
+    or CheckpointError (damaged); each names the arrays or files and what to do.
+    """
+    directory = _check_directory(directory)
+    target = _target(target)
+    _check_count("step", step, 0, allow_none=True)
+    if data_iter is not None and not hasattr(data_iter, "set_state"):
+        raise ValueError(f"data_iter must be a Grain iterator (with set_state), got "
+                         f"{type(data_iter).__name__}; pass iter(loader), or None")
     if not directory.is_dir():
         raise FileNotFoundError(f"no checkpoint directory {directory}; pass the directory "
                                 f"the run saved its checkpoints into")
-    manager = checkpoint_manager(directory, max_to_keep=None, create=False)  # reads only
-    steps = sorted(manager.all_steps())
-    if not steps:
-        found = sorted(p.name for p in directory.iterdir()) or "nothing"
-        raise FileNotFoundError(f"{directory} holds no finished checkpoint (it contains "
-                                f"{found}); pass the directory the run saved its checkpoints "
-                                f"into, or train from scratch")
-    step = steps[-1] if step is None else step
-    if step not in steps:
-        raise ValueError(f"no checkpoint for step={step!r} in {directory}; it has the "
-                         f"steps {steps}")
-    where = directory / str(step)
-
-    def damaged(e):
-        return CheckpointError(f"cannot read the checkpoint {where} ({type(e).__name__}: "
-                               f"{str(e)[:200]}); it is damaged. Restore another step with "
-                               f"step=..., one of {steps}")
-    try:
-        saved = manager.item_metadata(step)["state"].tree
-    except Exception as e:  # metadata missing or unreadable
-        raise damaged(e) from e
-    check_fits(saved, target, where)
-    try:
-        state = manager.restore(step, args=ocp.args.Composite(
-            state=ocp.args.StandardRestore(target)))["state"]
-    except Exception as e:  # array files missing or unreadable
-        raise damaged(e) from e
-    if data_iter is not None:
+    _check_readable(directory, recursive=False)
+    with checkpoint_manager(directory, read_only=True) as manager:
+        steps = sorted(manager.all_steps())
+        if not steps:
+            found = sorted(p.name for p in directory.iterdir()) or "nothing"
+            raise FileNotFoundError(f"{directory} holds no finished checkpoint (it contains "
+                                    f"{found}); pass the directory the run saved its "
+                                    f"checkpoints into, or train from scratch")
+        step = steps[-1] if step is None else int(step)
+        if step not in steps:
+            raise ValueError(f"no checkpoint for step={step!r} in {directory}; it has the "
+                             f"steps {steps}")
+        where = directory / str(step)
+        _check_readable(where)
         try:
-            manager.restore(step, args=ocp.args.Composite(
-                data=grain.checkpoint.CheckpointRestore(data_iter)))
-        except (KeyError, ValueError) as e:
-            why = "\n".join(line for line in str(e).splitlines()  # drop Grain's hint on repr
-                            if not line.startswith("Grain uses")).rstrip(".")
-            raise ValueError(f"cannot restore the data iterator from {where}: {why}. Pass a "
-                             f"loader built as the run's was (source, batch size, seed, shard "
-                             f"options, workers), or data_iter=None") from e
+            saved = manager.item_metadata(step)["state"].tree
+        except Exception as e:  # metadata missing or unreadable
+            raise _restore_failure(e, where, steps) from e
+        check_fits(saved, target, where)
+        try:
+            state = manager.restore(step, args=ocp.args.Composite(
+                state=ocp.args.StandardRestore(target)))["state"]
+        except Exception as e:  # array files missing or unreadable, or no room for them
+            raise _restore_failure(e, where, steps) from e
+        if data_iter is not None:
+            try:
+                manager.restore(step, args=ocp.args.Composite(
+                    data=grain.checkpoint.CheckpointRestore(data_iter)))
+            except (KeyError, ValueError) as e:
+                why = "\n".join(line for line in str(e).splitlines()  # drop Grain's hint on repr
+                                if not line.startswith("Grain uses")).rstrip(".")
+                raise ValueError(f"cannot restore the data iterator from {where}: {why}. Pass "
+                                 f"a loader built as the run's was (source, batch size, seed, "
+                                 f"shard options, workers), or data_iter=None") from e
+            except Exception as e:
+                raise _restore_failure(e, where, steps) from e
     return state
+
+
+@jax.jit
+def _finite(arrays):
+    return [jnp.isfinite(x).all() for x in arrays]
+
+
+def check_finite(tree, what="the state"):
+    """Raise FloatingPointError naming the arrays of ``tree`` that hold NaN or infinity."""
+    named = {k: x for k, x in _by_path(tree).items()
+             if jnp.issubdtype(jnp.result_type(x), jnp.inexact)}
+    bad = [k for k, ok in zip(named, _finite(list(named.values()))) if not bool(ok)]
+    if bad:
+        more = f" and {len(bad) - 3} more" if len(bad) > 3 else ""
+        raise FloatingPointError(f"{what} holds NaN or infinity in {', '.join(bad[:3])}{more}; "
+                                 f"the run diverged: lower the learning rate")
 
 
 def train_steps(state, train_step, batches, mesh, num_steps, manager=None, save_every=0):
     """Take ``num_steps`` steps from ``state`` on batches from the iterator ``batches``; every
-    ``save_every`` steps save the state and the iterator's position with ``manager``.
-    Returns the new state and the losses, one per step."""
+    ``save_every`` steps save the state and the iterator's position with ``manager``, after
+    checking that the loss and the state are finite. Returns the new state and the losses."""
+    _check_mesh(mesh)
+    _check_count("num_steps", num_steps, 0)
+    _check_count("save_every", save_every, 0)
+    if not callable(train_step) or not hasattr(batches, "__next__"):
+        raise ValueError("train_step must be a function (d2l.make_train_step) and batches an "
+                         "iterator: pass iter(loader), not the loader")
+    if save_every and manager is None:
+        raise ValueError(f"save_every={save_every} needs a manager to save with; pass "
+                         f"manager=d2l.checkpoint_manager(directory), or save_every=0")
     start, losses = int(state["step"]), []
     for i in range(num_steps):
         X, y = next(batches)
@@ -147,6 +381,10 @@ def train_steps(state, train_step, batches, mesh, num_steps, manager=None, save_
         state = {"params": params, "opt_state": opt_state, "step": state["step"] + 1}
         losses.append(loss)
         if manager is not None and save_every and (start + i + 1) % save_every == 0:
+            if not math.isfinite(float(loss)):
+                raise FloatingPointError(f"the loss became {float(loss)} at step {start + i + 1};"
+                                         f" not saving it. Lower the learning rate")
+            check_finite(state, f"the state of step {start + i + 1}")
             save_checkpoint(manager, start + i + 1, state, batches)
     if manager is not None:
         manager.wait_until_finished()

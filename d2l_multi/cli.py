@@ -8,13 +8,21 @@ import sys
 import tempfile
 
 
+class OneLineParser(argparse.ArgumentParser):
+    """An ArgumentParser whose errors are one line that names the fix (no usage block)."""
+
+    def error(self, message):
+        self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
+
 def positive(kind):
     """An argparse type: a finite number of ``kind`` greater than 0."""
     def parse(text):
         try:
             value = kind(text)
         except ValueError:
-            raise argparse.ArgumentTypeError(f"expected a {kind.__name__}, got {text!r}")
+            what = "a whole number" if kind is int else "a number"
+            raise argparse.ArgumentTypeError(f"expected {what}, got {text!r}")
         if not math.isfinite(value) or value <= 0:
             raise argparse.ArgumentTypeError(f"must be a finite number > 0, got {text}")
         return value
@@ -79,6 +87,12 @@ def writable_dir(path):
     return path
 
 
+def _umask():
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
+
+
 def save_atomic(path, write):
     """Call ``write(tmp)`` with a temporary file next to ``path``, then rename it to ``path``:
     the file is either complete or absent."""
@@ -87,6 +101,7 @@ def save_atomic(path, write):
     os.close(fd)
     try:
         write(tmp)
+        os.chmod(tmp, 0o666 & ~_umask())  # mkstemp's file is private; give a new file's mode
         os.replace(tmp, path)
     finally:
         if os.path.exists(tmp):

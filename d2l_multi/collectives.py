@@ -8,6 +8,8 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
 def allreduce(data):
     """Sum arrays that live on different devices and give every device the sum (by hand)."""
+    if not data:
+        raise ValueError("allreduce needs a list with one array per device, got []")
     total = data[0]
     for x in data[1:]:
         total = total + jax.device_put(x, total.device)  # gather onto the first device
@@ -16,6 +18,8 @@ def allreduce(data):
 
 def replicate(params, devices):
     """Put a copy of ``params`` on every device, stacked along a leading device axis."""
+    if not devices:
+        raise ValueError("replicate needs at least one device, got none; pass d2l.devices(n)")
     sharding = NamedSharding(Mesh(devices, ("devices",)), P("devices"))
     stack = lambda a: jnp.broadcast_to(a, (len(devices), *jnp.shape(a)))
     return jax.device_put(jax.tree.map(stack, params), sharding)

@@ -5,8 +5,17 @@ A worker script calls ``initialize_distributed()`` before any other JAX code. Un
 on a cluster (SLURM, Open MPI, Kubernetes, Cloud TPU) it lets ``jax.distributed.initialize()``
 detect the settings itself; alone on a laptop it does nothing. Importing this module does not
 start JAX's backend.
+
+A process that has joined a job must not linger after a failure: at exit JAX waits in a
+shutdown barrier for every peer, minutes if one of them hangs or sleeps. So after joining, an
+uncaught exception ends the process at once (``initialize_distributed`` installs that hook),
+and a worker ends with ``exit_worker(status)``, which does the same for a failure status.
 """
+import errno
+import math
 import os
+import socket
+import sys
 
 import jax
 import numpy as np
@@ -81,6 +90,11 @@ def detect_cluster(environ=None):
 
 def check_device_counts(devices_per_process=None):
     """Raise unless every process has ``devices_per_process`` devices (default: as process 0)."""
+    if devices_per_process is not None and (isinstance(devices_per_process, bool) or not
+                                            isinstance(devices_per_process, int)
+                                            or devices_per_process < 1):
+        raise ValueError(f"devices_per_process must be a positive integer or None, got "
+                         f"{devices_per_process!r}")
     counts = {}
     for dev in jax.devices():
         counts[dev.process_index] = counts.get(dev.process_index, 0) + 1
@@ -89,10 +103,67 @@ def check_device_counts(devices_per_process=None):
     wrong = {p: n for p, n in counts.items() if n != devices_per_process}
     if wrong:
         listing = ", ".join(f"process {p}: {n}" for p, n in sorted(counts.items()))
-        raise RuntimeError(
+        raise ValueError(
             f"every process should have {devices_per_process} device(s), but {listing}. "
             f"JAX needs the same number of local devices in every process: launch all of "
             f"them with the same --devices-per-process (and as many accelerators each)")
+
+
+def _exit_at_once(kind, value, traceback):
+    """``sys.excepthook`` of a process in a job: print the error as usual, then end the process
+    at once instead of waiting in JAX's shutdown barrier for peers that may never arrive."""
+    sys.__excepthook__(kind, value, traceback)
+    exit_worker(130 if issubclass(kind, KeyboardInterrupt) else 1)
+
+
+def exit_worker(status=0):
+    """End this worker process with exit ``status`` (0..255). A failure in a process that has
+    joined (or tried to join) a job ends it at once (``os._exit``, after flushing its output),
+    so that neither the launcher nor its peers wait for it; success, or a process alone, exits
+    normally."""
+    if isinstance(status, bool) or not isinstance(status, int) or not 0 <= status <= 255:
+        raise ValueError(f"status must be an exit status from 0 to 255, got {status!r}")
+    if status and (sys.excepthook is _exit_at_once or jax.distributed.is_initialized()):
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(status)
+    sys.exit(status)
+
+
+def _check_timeout(name, value):
+    if value is not None and (isinstance(value, bool) or not isinstance(value, int)
+                              or value < 1):
+        raise ValueError(f"{name} must be a whole number of seconds >= 1, or None, got "
+                         f"{value!r}")
+
+
+def _bound_cpu_waits(collective):
+    """Make XLA's CPU collectives and topology exchange give up after ``collective`` seconds
+    (the topology exchange counts whole minutes) instead of their defaults (2 and 5 min)."""
+    flags = os.environ.get("XLA_FLAGS", "")
+    if "xla_cpu_collective_timeout" not in flags:  # read when JAX starts
+        os.environ["XLA_FLAGS"] = f"{flags} --xla_cpu_collective_timeout_seconds={collective}"
+    minutes = max(1, math.ceil(collective / 60))
+    jax.config.update("jax_cpu_get_local_topology_timeout_minutes", minutes)
+    jax.config.update("jax_cpu_get_global_topology_timeout_minutes", minutes + 1)
+
+
+def _port_in_use(address):
+    """The OSError for process 0 when something holds the coordinator's port. JAX's service
+    binds it on every interface; its own failure to do so can crash the process."""
+    message = (f"process 0 could not start the coordinator on {address}: that port is in "
+               f"use. Launch again without --port to get a free one")
+    port = int(address.rsplit(":", 1)[1])
+    for family, host in ((socket.AF_INET6, "::"), (socket.AF_INET, "0.0.0.0")):
+        try:
+            with socket.socket(family, socket.SOCK_STREAM) as s:
+                s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+                s.bind((host, port))
+                return None
+        except OSError as e:
+            if e.errno == errno.EADDRINUSE:
+                return OSError(message)
+    return None  # neither family could be tried: leave it to JAX
 
 
 def initialize_distributed(heartbeat_timeout=None, collective_timeout=None):
@@ -103,8 +174,12 @@ def initialize_distributed(heartbeat_timeout=None, collective_timeout=None):
     Kubernetes or Cloud TPU cluster: let ``jax.distributed.initialize()`` read the
     cluster's settings. Otherwise: a no-op, one process. Call it before any JAX computation.
     A peer silent for ``heartbeat_timeout`` seconds counts as dead; a CPU collective that
-    waits ``collective_timeout`` seconds for its peers fails instead of hanging.
+    waits ``collective_timeout`` seconds for its peers fails instead of hanging, and so does
+    the exchange of device lists and the barrier at exit. After joining, an uncaught exception
+    ends the process at once (see ``exit_worker``).
     """
+    _check_timeout("heartbeat_timeout", heartbeat_timeout)
+    _check_timeout("collective_timeout", collective_timeout)
     if jax.distributed.is_initialized():  # joined already (a second call)
         return jax.process_index(), jax.process_count()
     settings = d2l.launcher_settings() or {}
@@ -112,33 +187,38 @@ def initialize_distributed(heartbeat_timeout=None, collective_timeout=None):
         return 0, 1                       # alone: nothing to join
     heartbeat = heartbeat_timeout or settings.get("heartbeat_timeout") or 100  # JAX's default
     collective = collective_timeout or settings.get("collective_timeout")
-    flags = os.environ.get("XLA_FLAGS", "")
-    if collective and "xla_cpu_collective_timeout" not in flags:  # read when JAX starts
-        os.environ["XLA_FLAGS"] = f"{flags} --xla_cpu_collective_timeout_seconds={collective}"
-    if jax.config.jax_cpu_collectives_implementation is None:
-        jax.config.update("jax_cpu_collectives_implementation", "gloo")  # CPU collectives
-    if not settings:                      # a cluster: JAX reads its environment itself
-        jax.distributed.initialize(heartbeat_timeout_seconds=heartbeat)
-        d2l.check_device_counts()
-        return jax.process_index(), jax.process_count()
-    k, pid = settings["devices_per_process"], settings["process_id"]
     try:
-        jax.config.update("jax_num_cpu_devices", k)  # simulated CPU devices; GPUs stay visible
+        if collective:
+            _bound_cpu_waits(collective)
+        if settings:
+            jax.config.update("jax_num_cpu_devices", settings["devices_per_process"])
+            d2l.size_cpu_thread_pool(settings["devices_per_process"])  # see simulate_devices
+        if jax.config.jax_cpu_collectives_implementation is None:
+            jax.config.update("jax_cpu_collectives_implementation", "gloo")  # CPU collectives
     except RuntimeError:
         raise RuntimeError("initialize_distributed() must run before any JAX computation "
                            "(even jax.devices()); call it first in the script") from None
+    timeouts = dict(heartbeat_timeout_seconds=heartbeat,
+                    shutdown_timeout_seconds=collective or 300)  # 300: JAX's default
+    sys.excepthook = _exit_at_once        # from now on a failure must not wait for the peers
+    if not settings:                      # a cluster: JAX reads its environment itself
+        jax.distributed.initialize(**timeouts)
+        d2l.check_device_counts()
+        return jax.process_index(), jax.process_count()
+    k, pid = settings["devices_per_process"], settings["process_id"]
+    if pid == 0 and (taken := _port_in_use(settings["coordinator_address"])):
+        raise taken
     try:
         jax.distributed.initialize(
             settings["coordinator_address"], settings["num_processes"], pid,
             local_device_ids=list(range(pid * k, (pid + 1) * k)),  # GPUs p*k..p*k+k-1
-            initialization_timeout=60, heartbeat_timeout_seconds=heartbeat)
+            initialization_timeout=60, **timeouts)
     except jax.errors.JaxRuntimeError as e:
         if "Failed to start RPC server" not in str(e):
             raise
-        raise RuntimeError(
-            f"process 0 could not start the coordinator on "
-            f"{settings['coordinator_address']}: that port is in use. Launch again "
-            f"without --port to get a free one") from None
+        raise OSError(f"process 0 could not start the coordinator on "
+                      f"{settings['coordinator_address']}: that port is in use. Launch "
+                      f"again without --port to get a free one") from None
     d2l.check_device_counts(k)
     return jax.process_index(), jax.process_count()
 
@@ -151,8 +231,15 @@ def process_batches(X, y, batch_size, shuffle=False, seed=0, epoch=0):
     ``p*b/P .. (p+1)*b/P`` of it. With ``shuffle`` (training) the last incomplete batch is
     dropped; without it (evaluation) it is padded with rows of weight 0.
     """
+    if len(X) != len(y):
+        raise ValueError(f"X has {len(X)} examples but y has {len(y)} labels; pass one label "
+                         f"per example")
+    d2l.check_positive(batch_size=batch_size)
+    for name, value in [("seed", seed), ("epoch", epoch)]:
+        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+            raise ValueError(f"{name} must be a non-negative integer, got {value!r}")
     n, num_processes, p = len(X), jax.process_count(), jax.process_index()
-    d2l.check_divisible(batch_size, num_processes)
+    d2l.check_divisible(batch_size, num_processes, over="processes")
     order = np.random.default_rng((seed, epoch)).permutation(n) if shuffle else np.arange(n)
     if shuffle:
         order = order[:n - n % batch_size]
@@ -169,5 +256,10 @@ def process_batches(X, y, batch_size, shuffle=False, seed=0, epoch=0):
 
 def global_batch(mesh, *local_arrays):
     """Assemble each process's rows into global arrays sharded over ``mesh``'s first axis."""
+    if not isinstance(mesh, jax.sharding.Mesh):
+        raise ValueError(f"mesh must be a jax.sharding.Mesh, e.g. d2l.device_mesh(), got "
+                         f"{type(mesh).__name__}")
+    if not local_arrays:
+        raise ValueError("pass the arrays to assemble, e.g. global_batch(mesh, X, y)")
     sharding = NamedSharding(mesh, P(mesh.axis_names[0]))
     return tuple(jax.make_array_from_process_local_data(sharding, a) for a in local_arrays)

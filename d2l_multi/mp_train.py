@@ -10,16 +10,22 @@ batch, ``jax.make_array_from_process_local_data`` turns them into one global bat
 all devices of all processes, and a jitted SGD step on replicated parameters makes XLA insert
 the cross-process allreduce. Metrics come out of jitted reductions, so every process holds the
 same numbers; only process 0 prints them and writes the log, the plot and ``params.npz``.
-Checkpoints are written by all processes together (Orbax: each writes its shards, process 0
-commits), so a crash mid-save never leaves a checkpoint that looks complete.
+
+Checkpoints are labelled by the global step and written by all processes together (Orbax: each
+writes its shards, process 0 commits), so a crash mid-save never leaves a checkpoint that looks
+complete. The order of the data is a function of (seed, epoch), so a step says where the run
+is: epoch ``step // steps_per_epoch``, batch ``step % steps_per_epoch`` of it. ``--resume``
+continues exactly there, with any number of processes.
 """
-import argparse
+import contextlib
 import functools
+import itertools
 import json
+import math
 import os
 import pathlib
 import signal
-import sys
+import tempfile
 
 import jax
 import jax.numpy as jnp
@@ -27,56 +33,159 @@ import numpy as np
 from jax.sharding import NamedSharding, PartitionSpec as P
 
 import d2l_multi as d2l
+from d2l_multi.cli import OneLineParser, positive, save_atomic, writable_dir
+
+PROG = "python -m d2l_multi.mp_train"
+TRAIN_SIZE, TEST_SIZE = 60_000, 10_000  # Fashion-MNIST's training and test examples
+SEED = 0  # the initial parameters and the order of the data are functions of it
+LR = 0.2
 
 
 def parser():
-    p = argparse.ArgumentParser(prog="python -m d2l_multi.mp_train",
-                                description="Data-parallel LeNet on Fashion-MNIST across "
-                                            "all devices of all processes.")
-    p.add_argument("--epochs", type=int, default=None,
+    p = OneLineParser(prog=PROG, description="Data-parallel LeNet on Fashion-MNIST "
+                                                       "across all devices of all processes.")
+    p.add_argument("--epochs", type=positive(int), default=None,
                    help="epochs (default 10; 1 with D2L_MULTI_SMOKE=1)")
-    p.add_argument("--batch-size", type=int, default=256, help="global batch size (256)")
-    p.add_argument("--lr", type=float, default=0.2, help="learning rate (0.2)")
-    p.add_argument("--num-train", type=int, default=None,
-                   help="training examples (default all 60000; 1024 in smoke mode)")
-    p.add_argument("--num-val", type=int, default=None,
-                   help="test examples (default all 10000; 512 in smoke mode)")
-    p.add_argument("--steps", type=int, default=None,
-                   help="stop after this many SGD steps in all (default: run every epoch)")
+    p.add_argument("--batch-size", type=positive(int), default=256,
+                   help="global batch size, a multiple of the number of devices (256)")
+    p.add_argument("--lr", type=positive(float), default=LR, help=f"learning rate ({LR})")
+    p.add_argument("--num-train", type=positive(int), default=None,
+                   help=f"training examples (default all {TRAIN_SIZE}; 1024 in smoke mode)")
+    p.add_argument("--num-val", type=positive(int), default=None,
+                   help=f"test examples (default all {TEST_SIZE}; 512 in smoke mode)")
+    p.add_argument("--steps", type=positive(int), default=None,
+                   help="stop after global step STEPS (default: after the last epoch)")
+    p.add_argument("--save-every", type=positive(int), default=None, metavar="STEPS",
+                   help="save a checkpoint every STEPS global steps (default: at the end of "
+                        "every epoch); the last step is always saved")
     p.add_argument("--out", type=pathlib.Path, default=None,
                    help="folder for log.json, train.png, params.npz and checkpoints/ "
                         "(written by process 0; checkpoints by all processes together)")
     p.add_argument("--resume", action="store_true",
                    help="continue from the latest complete checkpoint in OUT/checkpoints")
-    p.add_argument("--crash-at-step", type=int, default=None,
-                   help="for the fault demo: the last process kills itself at this step")
+    p.add_argument("--crash-at-step", type=positive(int), default=None, metavar="STEP",
+                   help="for the fault demo: the last process kills itself after global "
+                        "step STEP")
     return p
+
+
+class Plan:
+    """The sizes of a run, worked out from its arguments and checked before any JAX work."""
+
+    def __init__(self, args):
+        _check_numbers(args)
+        self.epochs = d2l.pick(10, 1) if args.epochs is None else args.epochs
+        self.batch_size = args.batch_size
+        asked = d2l.pick(None, 1024) if args.num_train is None else args.num_train
+        self.num_train = _examples("--num-train", asked, TRAIN_SIZE,
+                                   d2l.FashionMNIST.smoke_sizes[0])
+        self.num_val = _examples("--num-val",
+                                 d2l.pick(None, 512) if args.num_val is None else args.num_val,
+                                 TEST_SIZE, d2l.FashionMNIST.smoke_sizes[1])
+        if self.num_train < args.batch_size:
+            shrunk = asked is None or asked > self.num_train
+            smoke = " (smoke mode keeps at most 2048)" if d2l.smoke() and shrunk else ""
+            raise ValueError(f"{self.num_train} training examples{smoke} make less than one "
+                             f"global batch of --batch-size {args.batch_size}; pass a "
+                             f"--batch-size of at most {self.num_train}, or more --num-train")
+        self.steps_per_epoch = self.num_train // args.batch_size
+        self.last_step = self.epochs * self.steps_per_epoch
+        if args.steps is not None:
+            self.last_step = min(self.last_step, args.steps)
+        self.save_every = args.save_every or self.steps_per_epoch
+        if args.crash_at_step is not None and args.crash_at_step > self.last_step:
+            raise ValueError(f"--crash-at-step {args.crash_at_step} is after the last step of "
+                             f"this run ({self.last_step}: {self.epochs} epoch(s) of "
+                             f"{self.steps_per_epoch} steps, --steps {args.steps}); pass a "
+                             f"step from 1 to {self.last_step}")
+        if args.resume and args.out is None:
+            raise ValueError("--resume needs --out: the checkpoints are in OUT/checkpoints")
+        if args.out is not None:
+            _check_out(args.out)
+        settings = d2l.launcher_settings()
+        if settings:  # under the launcher the device count is known before JAX starts
+            devices = settings["num_processes"] * settings["devices_per_process"]
+            d2l.check_divisible(args.batch_size, devices, "--batch-size",
+                                f"devices ({settings['num_processes']} processes x "
+                                f"{settings['devices_per_process']})")
+
+
+def _check_numbers(args):
+    """The checks of the parser's types, for arguments that did not come through it."""
+    for option, kind in [("epochs", int), ("batch_size", int), ("lr", float),
+                         ("num_train", int), ("num_val", int), ("steps", int),
+                         ("save_every", int), ("crash_at_step", int)]:
+        value = getattr(args, option)
+        if value is None and option not in ("batch_size", "lr"):
+            continue
+        kinds = (int,) if kind is int else (int, float)
+        if isinstance(value, bool) or not isinstance(value, kinds) or not math.isfinite(value) \
+                or value <= 0:
+            what = "a whole number" if kind is int else "a finite number"
+            raise ValueError(f"--{option.replace('_', '-')} must be {what} > 0, got {value!r}")
+
+
+def _examples(option, asked, available, smoke_size):
+    """How many examples a run uses when ``asked`` (None: all ``available``)."""
+    if asked is not None and asked > available:
+        raise ValueError(f"{option} {asked}: Fashion-MNIST has only {available} of those "
+                         f"examples; pass at most {available}, or leave {option} out for all")
+    n = d2l.shrink(asked, smoke_size)
+    return available if n is None else n
+
+
+def _check_out(out):
+    """Refuse an --out that is a file or cannot be created or written, creating nothing (a
+    probe file comes and goes in the nearest folder that exists)."""
+    if out.exists() and not out.is_dir():
+        raise NotADirectoryError(f"--out {out} is a file, not a folder; pass a folder")
+    existing = next(p for p in [out, *out.absolute().parents] if p.exists())
+    if not existing.is_dir():
+        raise NotADirectoryError(f"--out {out}: {existing} is a file, not a folder; pass a "
+                                 f"folder")
+    try:
+        tempfile.TemporaryFile(dir=existing).close()
+    except OSError as e:
+        raise PermissionError(f"cannot write into --out {out} ({existing}: {e.strerror}); "
+                              f"pass a folder you can write to") from None
 
 
 def data_mesh():
     """A 1-D mesh named 'data' over every device of every process."""
-    return jax.make_mesh((jax.device_count(),), ("data",),
-                         axis_types=(jax.sharding.AxisType.Auto,))
+    return d2l.device_mesh((-1,), ("data",), devices=jax.devices())
 
 
-def init_params(mesh, seed=0):
-    """LeNet's parameters, shaped as ``d2l.init_lenet_params``'s, replicated over ``mesh``.
+def init_params(mesh, seed=SEED):
+    """LeNet's parameters (``d2l.init_lenet_params``), replicated over ``mesh``.
 
-    NumPy draws them (He-normal weights, zero biases) from ``seed``: every process draws the
-    same numbers, so the replicas start equal without any communication, and no JAX
-    random-number kernel has to be compiled first.
+    Every process runs the same jitted initialisation from the same ``seed``, so the replicas
+    start equal without any communication.
     """
-    shapes = jax.eval_shape(lambda: d2l.init_lenet_params(jax.random.key(0)))
-    rng = np.random.default_rng(seed)
+    init = jax.jit(lambda: d2l.init_lenet_params(jax.random.key(seed)),
+                   out_shardings=NamedSharding(mesh, P()))
+    return init()
 
-    def draw(shape):
-        if len(shape) == 1:
-            return np.zeros(shape, np.float32)
-        fan_in = int(np.prod(shape[:-1]))  # HWIO kernels and (in, out) matrices alike
-        return (rng.standard_normal(shape) * np.sqrt(2 / fan_in)).astype(np.float32)
 
-    replicated = NamedSharding(mesh, P())
-    return [jax.make_array_from_process_local_data(replicated, draw(s.shape)) for s in shapes]
+def _replicated(mesh, value):
+    """An int32 scalar held by every device of ``mesh``."""
+    return jax.make_array_from_process_local_data(NamedSharding(mesh, P()),
+                                                  np.asarray(value, np.int32))
+
+
+def train_state(params, step, mesh, plan):
+    """What a checkpoint holds: the parameters, the global step, and the two sizes that
+    decide which data a step means (the batch size and the number of training examples)."""
+    return {"params": params, "step": _replicated(mesh, step),
+            "data": {"batch_size": _replicated(mesh, plan.batch_size),
+                     "num_train": _replicated(mesh, plan.num_train)}}
+
+
+def abstract_state(mesh):
+    """The restore target of ``train_state``: shapes, dtypes, replicated over ``mesh``."""
+    scalar = jax.ShapeDtypeStruct((), jnp.int32)
+    shapes = {"params": jax.eval_shape(lambda: d2l.init_lenet_params(jax.random.key(0))),
+              "step": scalar, "data": {"batch_size": scalar, "num_train": scalar}}
+    return d2l.abstract_like(shapes, mesh, jax.tree.map(lambda _: P(), shapes))
 
 
 @functools.partial(jax.jit, donate_argnums=0)
@@ -107,109 +216,158 @@ def log(message, everyone=False):
         print(message, flush=True)
 
 
-def train(args):
-    """Train on every device of every process; return (params, history)."""
+def _earlier_log(path, step):
+    """The rows of an earlier run's ``log.json`` up to ``step``, where a resumed run goes on."""
+    try:
+        rows = json.loads(path.read_text())
+        return [r for r in rows if r["steps"] <= step]
+    except (OSError, ValueError, TypeError, KeyError):
+        return []
+
+
+def _start(args, plan, mesh, checkpoints):
+    """The parameters and the global step to start from: a fresh run or, with --resume, the
+    latest checkpoint (after checking it was written with the same data sizes)."""
+    steps = d2l.saved_steps(checkpoints) if checkpoints else []
+    if steps and not args.resume:
+        raise ValueError(f"{checkpoints} already holds checkpoints (steps {steps}); pass "
+                         f"--resume to continue from step {steps[-1]}, or another --out")
+    if steps and steps[-1] > plan.last_step:
+        raise ValueError(f"the latest checkpoint in {checkpoints} is of step {steps[-1]}, past "
+                         f"the last step of this run ({plan.last_step}); raise --epochs or "
+                         f"--steps, or pass another --out")
+    if not steps:
+        if args.resume:
+            log(f"no checkpoint in {checkpoints}: starting from step 0")
+        return init_params(mesh), 0
+    try:
+        state = d2l.restore_checkpoint(checkpoints, abstract_state(mesh))
+    except d2l.CheckpointError as e:
+        cause = e.__cause__
+        back = f"step {steps[-2]}" if len(steps) > 1 else "step 0"
+        raise d2l.CheckpointError(
+            f"the latest checkpoint {checkpoints / str(steps[-1])} is damaged "
+            f"({type(cause).__name__}: {str(cause)[:200]}); delete that folder to resume from "
+            f"{back}, or pass another --out") from e
+    saved = {k: int(v) for k, v in state["data"].items()}
+    if saved != {"batch_size": args.batch_size, "num_train": plan.num_train}:
+        raise ValueError(f"{checkpoints} was written with --batch-size {saved['batch_size']} "
+                         f"and {saved['num_train']} training examples, so its steps mean other "
+                         f"batches than with --batch-size {args.batch_size} and "
+                         f"{plan.num_train}; resume with the same sizes, or pass another --out")
+    step = int(state["step"])
+    epoch, batch = divmod(step, plan.steps_per_epoch)
+    log(f"resumed from the checkpoint of step {step} (epoch {epoch + 1}, batch {batch} of "
+        f"{plan.steps_per_epoch})")
+    return state["params"], step
+
+
+def load_data(args, plan=None):
+    """The data module of the run (NumPy only: it needs no JAX)."""
+    plan = plan or Plan(args)
+    return d2l.FashionMNIST(args.batch_size, num_train=plan.num_train, num_val=plan.num_val)
+
+
+def train(args, data=None):
+    """Train on every device of every process; return (params, history of this run)."""
+    plan = Plan(args)
     mesh, is_main = data_mesh(), jax.process_index() == 0
-    d2l.check_divisible(args.batch_size, jax.device_count())
-    epochs = args.epochs or d2l.pick(10, 1)
-    data = d2l.FashionMNIST(args.batch_size, num_train=args.num_train or d2l.pick(None, 1024),
-                            num_val=args.num_val or d2l.pick(None, 512))
-    params, start_epoch, ckpt = init_params(mesh), 0, None
+    d2l.check_divisible(args.batch_size, jax.device_count(), "--batch-size",
+                        f"devices ({jax.process_count()} process(es))")
+    checkpoints = args.out / "checkpoints" if args.out is not None else None
+    data = data or load_data(args, plan)
+    params, step = _start(args, plan, mesh, checkpoints)
     if args.out is not None:
-        ckpt = Checkpoints(args.out / "checkpoints")
-        if args.resume and ckpt.latest() is not None:
-            start_epoch = ckpt.latest()
-            params = ckpt.restore(start_epoch, params)
-            log(f"resumed from the checkpoint of epoch {start_epoch}")
-    animator = d2l.Animator("epoch", "value", legend=["train loss", "test acc"],
-                            xlim=[1, max(epochs, 2)]) if is_main and args.out else None
-    history, timer, step = [], d2l.Timer(), 0
-    for epoch in range(start_epoch, epochs):
-        timer.start()
-        loss_sum, num_batches = 0.0, 0
-        for X, y, _ in d2l.process_batches(*data.train, args.batch_size, shuffle=True,
-                                           epoch=epoch):
-            Xg, yg = d2l.global_batch(mesh, X, y)
-            if step == 0:
-                log(f"process {jax.process_index()}: local batch {X.shape} -> global batch "
-                    f"{Xg.shape}, {len(Xg.addressable_shards)} of its "
-                    f"{len(Xg.sharding.device_set)} shards here", everyone=True)
-            params, loss = sgd_step(params, Xg, yg, args.lr)
-            # float() waits for the step: with gloo and several CPU devices per process,
-            # letting many steps queue up can deadlock their allreduces (JAX 0.10.2)
-            loss_sum, num_batches, step = loss_sum + float(loss), num_batches + 1, step + 1
-            if args.crash_at_step == step and jax.process_index() == jax.process_count() - 1:
-                log(f"process {jax.process_index()}: crashing on purpose at step {step}",
-                    everyone=True)
-                os.kill(os.getpid(), signal.SIGKILL)
-            if args.steps is not None and step >= args.steps:
-                break
-        train_loss = loss_sum / num_batches  # losses are replicated scalars: global means
-        sec = timer.stop()
-        acc = evaluate(params, mesh, *data.val, args.batch_size)
-        history.append({"epoch": epoch + 1, "steps": step, "train_loss": train_loss,
-                        "test_acc": acc, "sec": sec})
-        log(f"epoch {epoch + 1}: loss {train_loss:.3f}, test acc {acc:.3f}, {sec:.1f} sec "
-            f"({jax.device_count()} devices in {jax.process_count()} processes)")
-        if animator is not None:
-            animator.add(epoch + 1, (train_loss, acc))
-        if ckpt is not None:
-            ckpt.save(epoch + 1, params)
-        if args.steps is not None and step >= args.steps:
-            break
-    if ckpt is not None:
-        ckpt.close()
+        writable_dir(args.out)
+    earlier = _earlier_log(args.out / "log.json", step) if args.out and is_main else []
+    animator = None
     if is_main and args.out is not None:
-        (args.out / "log.json").write_text(json.dumps(history, indent=1))
-        animator.save(args.out / "train.png")
-        np.savez(args.out / "params.npz", *[np.asarray(p) for p in params])
+        animator = d2l.Animator("epoch", "value", legend=["train loss", "test acc"],
+                                xlim=[1, max(plan.epochs, 2)])
+        for row in earlier:
+            animator.add(row["epoch"], (row["train_loss"], row["test_acc"]))
+    manager = (d2l.checkpoint_manager(checkpoints, max_to_keep=2) if checkpoints
+               else contextlib.nullcontext())
+    history, timer, first = [], d2l.Timer(), True
+    with manager:
+        while step < plan.last_step:
+            epoch, position = divmod(step, plan.steps_per_epoch)
+            timer.start()
+            losses = []
+            batches = d2l.process_batches(*data.train, args.batch_size, shuffle=True,
+                                          seed=SEED, epoch=epoch)
+            for X, y, _ in itertools.islice(batches, position, None):
+                Xg, yg = d2l.global_batch(mesh, X, y)
+                if first:
+                    log(f"process {jax.process_index()}: local batch {X.shape} -> global "
+                        f"batch {Xg.shape}, {len(Xg.addressable_shards)} of its "
+                        f"{len(Xg.sharding.device_set)} shards here", everyone=True)
+                    first = False
+                params, loss = sgd_step(params, Xg, yg, args.lr)
+                # a replicated scalar, the global mean; checked every step, so that no
+                # non-finite state is ever saved
+                loss, step = float(loss), step + 1
+                if not math.isfinite(loss):
+                    raise FloatingPointError(
+                        f"the loss became {loss} at step {step} (epoch {epoch + 1}) with --lr "
+                        f"{args.lr:g}; the learning rate is too large: try a smaller one, "
+                        f"e.g. --lr {min(args.lr / 10, LR):g}")
+                losses.append(loss)
+                if args.crash_at_step == step and \
+                        jax.process_index() == jax.process_count() - 1:
+                    log(f"process {jax.process_index()}: crashing on purpose at step {step}",
+                        everyone=True)
+                    os.kill(os.getpid(), signal.SIGKILL)
+                if checkpoints and (step % plan.save_every == 0 or step == plan.last_step):
+                    d2l.check_finite(params, f"the parameters of step {step}")
+                    d2l.save_checkpoint(manager, step, train_state(params, step, mesh, plan))
+                    manager.wait_until_finished()  # committed before the next step
+                if step >= plan.last_step:
+                    break
+            sec = timer.stop()
+            acc = evaluate(params, mesh, *data.val, args.batch_size)
+            history.append({"epoch": epoch + 1, "steps": step,
+                            "train_loss": sum(losses) / len(losses), "test_acc": acc,
+                            "sec": sec})
+            log(f"epoch {epoch + 1}: loss {history[-1]['train_loss']:.3f}, test acc "
+                f"{acc:.3f}, {sec:.1f} sec, step {step} ({jax.device_count()} devices in "
+                f"{jax.process_count()} processes)")
+            if animator is not None:
+                animator.add(epoch + 1, (history[-1]["train_loss"], acc))
+                _save_log(args.out / "log.json", earlier + history)
+    d2l.check_finite(params, "the final parameters")
+    if animator is not None:
+        _save_log(args.out / "log.json", earlier + history)
+        save_atomic(args.out / "train.png", animator.save)
+        save_atomic(args.out / "params.npz",
+                    lambda tmp: np.savez(tmp, *[np.asarray(p) for p in params]))
     return params, history
 
 
-class Checkpoints:
-    """Orbax checkpoints of the replicated parameters, one per epoch, the last two kept.
-
-    Every process calls ``save``: each writes the shards it owns and process 0 commits the
-    step by renaming its temporary folder, so a step that a crash interrupted never shows up
-    in ``latest()``.
-    """
-
-    def __init__(self, directory):
-        import orbax.checkpoint as ocp
-        self.ocp = ocp
-        pathlib.Path(directory).mkdir(parents=True, exist_ok=True)
-        self.manager = ocp.CheckpointManager(
-            pathlib.Path(directory).absolute(),
-            options=ocp.CheckpointManagerOptions(max_to_keep=2))
-
-    def latest(self):
-        """The newest committed step, or None."""
-        return self.manager.latest_step()
-
-    def save(self, step, params):
-        """Save ``params`` as ``step`` and wait until the step is committed."""
-        self.manager.save(step, args=self.ocp.args.StandardSave(params))
-        self.manager.wait_until_finished()
-
-    def restore(self, step, like):
-        """Read ``step`` back with the shapes and shardings of ``like``."""
-        abstract = jax.tree.map(self.ocp.utils.to_shape_dtype_struct, like)
-        return self.manager.restore(step, args=self.ocp.args.StandardRestore(abstract))
-
-    def close(self):
-        self.manager.wait_until_finished()
-        self.manager.close()
+def _save_log(path, rows):
+    save_atomic(path, lambda tmp: pathlib.Path(tmp).write_text(json.dumps(rows, indent=1)))
 
 
-def main(argv=None):
-    args = parser().parse_args(argv)
+def _main(argv):
+    try:
+        args = parser().parse_args(argv)
+    except SystemExit as e:  # the parser has printed the error (or --help)
+        return e.code
+    data = load_data(args)  # wrong values and missing data are refused before JAX starts
     process, num_processes = d2l.initialize_distributed()  # before any JAX computation
     log(f"process {process} of {num_processes}: {jax.local_device_count()} local "
         f"{jax.default_backend()} devices of {jax.device_count()} (pid {os.getpid()})",
         everyone=True)
-    train(args)
+    train(args, data)
     return 0
 
 
+def main(argv=None):
+    """Entry point; returns the exit status. Expected errors (wrong values, missing data, a
+    damaged checkpoint, a diverging run) print one line and give a non-zero status."""
+    from d2l_multi.__main__ import run
+    return run(PROG, _main, argv)
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    d2l.exit_worker(main())

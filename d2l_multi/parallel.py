@@ -47,8 +47,9 @@ def train_batch(params, X, y, num_devices, lr):
 
 def train(num_devices, batch_size, lr, num_epochs=10, data=None):
     """Train LeNet on ``num_devices`` devices; return unreplicated params and history."""
-    d2l.check_positive(lr=lr, num_epochs=num_epochs)
     devices = d2l.devices(num_devices)
+    check_divisible(batch_size, num_devices)
+    d2l.check_positive(lr=lr, num_epochs=num_epochs)
     data = data or d2l.FashionMNIST(batch_size)
     train_iter = data.get_dataloader(train=True, drop_last=True)
     params = d2l.replicate(d2l.init_lenet_params(jax.random.key(0)), devices)

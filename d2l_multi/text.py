@@ -2,6 +2,8 @@
 public-domain text."""
 import numpy as np
 
+import d2l_multi as d2l
+
 TINY_TEXT = (  # Lewis Carroll, Alice's Adventures in Wonderland (1865), public domain
     "Alice was beginning to get very tired of sitting by her sister on the bank, and of "
     "having nothing to do: once or twice she had peeped into the book her sister was reading, "
@@ -49,3 +51,10 @@ class CharCorpus:
         starts = rng.integers(0, len(self.tokens) - self.seq_len - 1, self.batch_size)
         windows = np.stack([self.tokens[s:s + self.seq_len + 1] for s in starts])
         return windows[:, :-1], windows[:, 1:]
+
+    def batches(self, num_batches):
+        """The batches number 0, 1, ..., ``num_batches`` - 1 (at most 10 with the smoke
+        switch on)."""
+        d2l.check_positive(num_batches=num_batches)
+        for step in range(d2l.shrink(num_batches, 10)):
+            yield self.batch(step)

@@ -1,19 +1,11 @@
-"""A small decoder-only Transformer in Flax NNX whose parameters carry logical sharding names
-('batch', 'embed', 'heads', 'mlp', 'vocab'), and its training step."""
+"""A small decoder-only Transformer in Flax NNX whose parameters carry logical axis names
+('embed', 'heads', 'mlp', 'vocab'; its activations 'batch'), and its loss."""
 import flax.core.spmd
 import jax
 import jax.numpy as jnp
 import optax
 from flax import nnx
 from jax.sharding import PartitionSpec as P
-
-def logical_constraint(x, names):
-    """Lay the activation ``x`` out by logical axis names under the rules of the enclosing
-    ``use_sharding`` block; outside one (no mesh or no rules), return ``x`` unchanged."""
-    rules = dict(flax.core.spmd.get_logical_axis_rules())
-    if not rules or jax.sharding.get_abstract_mesh().empty:
-        return x
-    return jax.lax.with_sharding_constraint(x, P(*[rules.get(n) if n else None for n in names]))
 
 
 def logical_init(names):
@@ -26,10 +18,17 @@ def logical_linear(d_in, d_out, names, *, rngs):
     return nnx.Linear(d_in, d_out, use_bias=False, kernel_init=logical_init(names), rngs=rngs)
 
 
+def logical_constraint(x, names):
+    """Lay the activation ``x`` out by logical axis names under the rules in force (see
+    ``use_sharding``); without rules or mesh, return ``x`` unchanged."""
+    rules = dict(flax.core.spmd.get_logical_axis_rules())
+    if not rules or jax.sharding.get_abstract_mesh().empty:
+        return x
+    return jax.lax.with_sharding_constraint(x, P(*[rules.get(n) if n else None for n in names]))
+
+
 class CausalSelfAttention(nnx.Module):
-    """Multi-head self-attention where each position sees only itself and earlier positions.
-    The query/key/value matrices split their output columns by head ('heads'), the output
-    matrix its input rows: with 'heads' on a mesh axis each device computes whole heads."""
+    """Multi-head self-attention in which each position sees itself and earlier positions."""
 
     def __init__(self, d_model, num_heads, *, rngs):
         if d_model % num_heads:
@@ -50,8 +49,7 @@ class CausalSelfAttention(nnx.Module):
 
 
 class MLP(nnx.Module):
-    """Two matrices with a GELU between. Megatron's split: the first by columns ('mlp' on its
-    output), the second by rows ('mlp' on its input), so the hidden layer never moves."""
+    """Two matrices with a GELU between them."""
 
     def __init__(self, d_model, d_ff, *, rngs):
         self.up = logical_linear(d_model, d_ff, ("embed", "mlp"), rngs=rngs)
@@ -62,11 +60,10 @@ class MLP(nnx.Module):
 
 
 class TransformerBlock(nnx.Module):
-    """A pre-LayerNorm Transformer block: x + attention(norm(x)), then x + MLP(norm(x)).
-    LayerNorm parameters carry no sharding names: they are small and stay replicated."""
+    """A pre-LayerNorm block: x + attention(norm(x)), then x + MLP(norm(x))."""
 
     def __init__(self, d_model, num_heads, d_ff, *, rngs):
-        self.norm1 = nnx.LayerNorm(d_model, rngs=rngs)
+        self.norm1 = nnx.LayerNorm(d_model, rngs=rngs)  # LayerNorms: no names, replicated
         self.attention = CausalSelfAttention(d_model, num_heads, rngs=rngs)
         self.norm2 = nnx.LayerNorm(d_model, rngs=rngs)
         self.mlp = MLP(d_model, d_ff, rngs=rngs)
@@ -78,12 +75,13 @@ class TransformerBlock(nnx.Module):
 
 
 class TransformerLM(nnx.Module):
-    """A decoder-only language model: token and position embeddings, ``num_layers`` blocks,
-    a final LayerNorm and a linear layer to next-token logits."""
+    """A decoder-only language model: embeddings, ``num_layers`` blocks, next-token logits.
+    With ``remat=True`` the backward pass recomputes each block instead of storing it."""
 
     def __init__(self, vocab_size, seq_len, d_model=64, num_heads=8, num_layers=2, d_ff=None,
-                 *, rngs):
+                 remat=False, *, rngs):
         d_ff = 4 * d_model if d_ff is None else d_ff
+        self.remat = remat
         self.embed = nnx.Embed(vocab_size, d_model, rngs=rngs,
                                embedding_init=logical_init(("vocab", "embed")))
         self.position = nnx.Param(0.02 * jax.random.normal(rngs.params(), (seq_len, d_model)),
@@ -96,23 +94,10 @@ class TransformerLM(nnx.Module):
     def __call__(self, tokens):
         x = self.embed(tokens) + self.position[:tokens.shape[1]]
         for block in self.blocks:
-            x = block(x)
+            x = nnx.remat(lambda block, x: block(x))(block, x) if self.remat else block(x)
         return self.head(self.norm(x))
 
 
 def lm_loss(model, X, Y):
     """Mean cross-entropy of the model's next-token logits for inputs X against targets Y."""
     return optax.softmax_cross_entropy_with_integer_labels(model(X), Y).mean()
-
-
-@nnx.jit
-def lm_train_step(model, optimizer, X, Y):
-    """One optimizer step on the batch (X, Y). Nothing here names a device: the layouts of the
-    model, the optimizer state and the batch decide how the compiler parallelises it."""
-    loss, grads = nnx.value_and_grad(lm_loss)(model, X, Y)
-    optimizer.update(model, grads)
-    if not jax.sharding.get_abstract_mesh().empty:  # keep the layouts the state came in with;
-        state = nnx.state((model, optimizer))      # with Auto axes XLA may pick others
-        nnx.update((model, optimizer),
-                   jax.lax.with_sharding_constraint(state, nnx.get_partition_spec(state)))
-    return loss

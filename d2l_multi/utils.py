@@ -78,6 +78,9 @@ def time_call(f, *args, repeat=5, warmup=1):
     switch on, at most 2 calls are timed."""
     import jax
     from .smoke_switch import shrink
+    for name, value, least in (("repeat", repeat, 1), ("warmup", warmup, 0)):
+        if isinstance(value, bool) or not isinstance(value, int) or value < least:
+            raise ValueError(f"{name} must be an integer >= {least}, got {value!r}")
     repeat = shrink(repeat, 2)
     for _ in range(warmup):
         jax.block_until_ready(f(*args))

@@ -40,3 +40,26 @@ def no_network():
     socket.socket.connect = _guarded_connect
     yield
     socket.socket.connect = _connect
+
+
+def _local_fashion_mnist():
+    from d2l_multi import data
+    return data.find_dataset("fashion-mnist") is not None
+
+
+def pytest_configure(config):
+    config.addinivalue_line("markers", "needs_data: the test reads Fashion-MNIST from a local "
+                                       "copy; skipped when there is none")
+
+
+def pytest_collection_modifyitems(config, items):
+    """Tests and notebooks that read Fashion-MNIST skip, saying how to provide it, when no
+    local copy exists (the tests never download)."""
+    if _local_fashion_mnist():
+        return
+    skip = pytest.mark.skip(reason="no local copy of Fashion-MNIST: set D2L_MULTI_DATA to a "
+                                   "folder holding fashion-mnist/ (and mnist/), or "
+                                   "apt install dataset-fashion-mnist")
+    for item in items:
+        if item.path.suffix == ".ipynb" or item.get_closest_marker("needs_data"):
+            item.add_marker(skip)

@@ -86,6 +86,7 @@ def test_k_data_parallel_steps_equal_single_device_steps():
         np.testing.assert_allclose(p[0], s, atol=ATOL)
 
 
+@pytest.mark.needs_data
 def test_train_small_run_learns_and_nan_stops():
     data = d2l.FashionMNIST(64, num_train=1024, num_val=256)
     params, history, _ = d2l.train(N, 64, 0.1, 3, data)
@@ -142,7 +143,7 @@ def test_cli_missing_data_prints_the_three_ways_without_a_traceback(tmp_path):
     assert "Traceback" not in result.stderr
 
 
-@pytest.mark.skipif(not os.environ.get("D2L_MULTI_DATA"), reason="needs the data locally")
+@pytest.mark.needs_data
 def test_cli_train_smoke_writes_table_and_plots(tmp_path):
     result = run_cli("train", "--devices", "1,8", "--epochs", "1", "--out", str(tmp_path))
     assert result.returncode == 0, result.stderr

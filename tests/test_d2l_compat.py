@@ -1,6 +1,5 @@
 """Code written for d2l's JAX API runs with ``import d2l_multi as d2l``."""
 import inspect
-import os
 
 import jax
 import pytest
@@ -35,7 +34,7 @@ def test_device_helpers_answer_like_d2l():
     assert d2l.try_gpu(10_000).platform == "cpu"  # no such device: the CPU, as in d2l
 
 
-@pytest.mark.skipif(not os.environ.get("D2L_MULTI_DATA"), reason="needs D2L_MULTI_DATA")
+@pytest.mark.needs_data
 def test_d2l_style_training_script_runs(tmp_path):
     # As written for `from d2l import jax as d2l`, only the import changed.
     import jax

@@ -1,7 +1,6 @@
 """The loader: IDX parsing, every bad-input error, lookup order, offline download, real data."""
 import gzip
 import hashlib
-import os
 
 import numpy as np
 import pytest
@@ -216,7 +215,7 @@ def test_smoke_switch_shrinks_the_data(tiny, monkeypatch):
     assert len(data.train[0]) == 20 and len(data.val[0]) == 10
 
 
-real = pytest.mark.skipif(not os.environ.get(dm.DATA_ENV), reason="needs D2L_MULTI_DATA")
+real = pytest.mark.needs_data
 
 
 @real

@@ -1,11 +1,18 @@
-"""Multi-process training on one machine: the launcher, initialize_distributed and their faults.
+"""Multi-process training on one machine: the launcher, initialize_distributed, mp_train and
+their faults.
 
-Every job runs on 127.0.0.1 only. The equivalence test proves that 2 processes x 4 devices
-reach the same parameters as 1 process x 8 devices on the same global batches; the fault tests
-(each bounded well under a minute) kill a worker, take the port, and pass wrong counts.
+Every job runs on 127.0.0.1 only. mp_train stopped and resumed reaches the parameters of an
+uninterrupted run, in 1 process (bit for bit) and in 2 processes x 4 devices after a crash (up
+to rounding, against 1 process x 8 devices). The fault tests, each bounded, kill a worker and
+the launcher, let a worker raise while its peer sleeps, leave a child behind, run out of time,
+and feed every command and function wrong values.
 """
+import json
 import os
+import pathlib
 import queue
+import re
+import shutil
 import signal
 import socket
 import subprocess
@@ -19,6 +26,7 @@ import pytest
 
 import d2l_multi as d2l
 from d2l_multi import launch, mp_train
+from trees import assert_trees_close
 
 PY = sys.executable
 
@@ -26,8 +34,8 @@ PY = sys.executable
 class Job:
     """A launcher subprocess whose merged output is read line by line in the background."""
 
-    def __init__(self, launcher_args, command):
-        env = dict(os.environ, D2L_MULTI_SMOKE="1", MPLBACKEND="Agg")
+    def __init__(self, launcher_args, command, **env):
+        env = dict(os.environ, D2L_MULTI_SMOKE="1", MPLBACKEND="Agg", **env)
         self.proc = subprocess.Popen(
             [PY, "-m", "d2l_multi", "launch", *launcher_args, "--", *command], env=env,
             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
@@ -39,10 +47,12 @@ class Job:
             self._queue.put(line.rstrip("\n"))
         self._queue.put(None)
 
-    def wait_for(self, text, timeout):
-        """Return the first output line containing ``text``; fail after ``timeout`` s."""
+    def wait_for(self, text, timeout, count=1):
+        """Return the first ``count`` output lines (so far or to come) containing ``text``;
+        fail after ``timeout`` s. Returns the line itself when ``count`` is 1."""
         deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
+        found = [line for line in self.lines if text in line]
+        while len(found) < count and time.monotonic() < deadline:
             try:
                 line = self._queue.get(timeout=0.2)
             except queue.Empty:
@@ -51,8 +61,11 @@ class Job:
                 break
             self.lines.append(line)
             if text in line:
-                return line
-        raise AssertionError(f"no line with {text!r} within {timeout} s:\n" + self.output)
+                found.append(line)
+        if len(found) < count:
+            raise AssertionError(f"not {count} line(s) with {text!r} within {timeout} s:\n"
+                                 + self.output)
+        return found[0] if count == 1 else found[:count]
 
     def finish(self, timeout):
         """Wait for the launcher to exit; return its exit status."""
@@ -73,7 +86,7 @@ class Job:
 
 def worker_pids(job):
     """{'p0': pid, ...} from the launcher's 'started p0 (pid 123), ...' line."""
-    line = job.wait_for("[launch] started", timeout=20)
+    line = job.wait_for("[launch] started", timeout=30)
     parts = line.split("started ", 1)[1].split(", ")
     return {p.split()[0]: int(p.split("pid ")[1].rstrip(")")) for p in parts}
 
@@ -87,52 +100,111 @@ def alive(pid):
         return False
 
 
-def mp_args(tmp_path=None, **kw):
-    argv = ["--num-train", "1024", "--num-val", "256", "--batch-size", "128"]
-    argv += [f"--{k.replace('_', '-')}={v}" for k, v in kw.items()]
-    if tmp_path is not None:
-        argv += ["--out", str(tmp_path)]
-    return argv
+def snapshot(directory):
+    """Every path under ``directory`` with its size and modification time."""
+    root = pathlib.Path(directory)
+    return {str(p): (p.stat().st_size, p.stat().st_mtime_ns)
+            for p in [root, *sorted(root.rglob("*"))]}
 
 
-def test_two_processes_match_one_process(tmp_path):
-    """2 processes x 4 devices == 1 process x 8 devices after k steps on the same batches."""
-    job = Job(["--processes", "2", "--devices-per-process", "4"],
-              [PY, "-m", "d2l_multi.mp_train", *mp_args(tmp_path, steps=4)])
-    assert job.finish(timeout=80) == 0, job.output
-    assert "process 1 of 2: 4 local cpu devices of 8" in job.output
-    multi = np.load(tmp_path / "params.npz")
-    multi = [multi[f"arr_{i}"] for i in range(len(multi.files))]
-    args = mp_train.parser().parse_args(mp_args(steps=4))   # the same run, in this process
-    assert jax.process_count() == 1 and jax.device_count() == 8
-    single, history = mp_train.train(args)
-    assert history[-1]["steps"] == 4
-    for a, b in zip(multi, single):
-        np.testing.assert_allclose(a, np.asarray(b), rtol=1e-4, atol=1e-6)
-    # the checkpoint the two processes wrote together restores in one process with 8 devices
-    restored = mp_train.Checkpoints(tmp_path / "checkpoints").restore(1, single)
-    for a, b in zip(multi, restored):
-        np.testing.assert_array_equal(a, np.asarray(b))
+# initialize_distributed, exit_worker, process_batches
 
 
-def test_killed_worker_stops_the_job(tmp_path):
-    """Kill p1 mid-run: the launcher stops p0, exits non-zero naming p1, leaves no process."""
-    job = Job(["-n", "2", "--devices-per-process", "2", "--grace-period", "2"],
-              [PY, "-m", "d2l_multi.mp_train", *mp_args(tmp_path, epochs=1000)])
-    pids = worker_pids(job)
-    job.wait_for("[p0] epoch 1:", timeout=50)
-    os.kill(pids["p1"], signal.SIGKILL)
-    killed = time.monotonic()
-    code = job.finish(timeout=30)
-    stopped_after = time.monotonic() - killed
-    assert code == 128 + signal.SIGKILL, job.output
-    assert "FAILED: worker p1 died first (killed by SIGKILL)" in job.output
-    assert stopped_after < 15, f"the job took {stopped_after:.1f} s to stop"
-    assert not any(alive(pid) for pid in pids.values()), job.output
-    # only complete checkpoints are visible, and the latest one restores
-    ckpt = mp_train.Checkpoints(tmp_path / "checkpoints")
-    if ckpt.latest() is not None:
-        ckpt.restore(ckpt.latest(), mp_train.init_params(mp_train.data_mesh()))
+def test_launcher_settings_checks_process_id():
+    env = {"D2L_MULTI_COORDINATOR_ADDRESS": "127.0.0.1:1234", "D2L_MULTI_NUM_PROCESSES": "2",
+           "D2L_MULTI_PROCESS_ID": "2", "D2L_MULTI_DEVICES_PER_PROCESS": "4"}
+    with pytest.raises(ValueError, match="PROCESS_ID=2 but the job has only 2 processes"):
+        d2l.launcher_settings(env)
+    with pytest.raises(ValueError, match="NUM_PROCESSES='two' is not an integer"):
+        d2l.launcher_settings({**env, "D2L_MULTI_NUM_PROCESSES": "two"})
+    assert d2l.launcher_settings({**env, "D2L_MULTI_PROCESS_ID": "1"})["process_id"] == 1
+    assert d2l.launcher_settings({}) is None
+
+
+def test_detect_cluster():
+    slurm = {"SLURM_JOB_ID": "7", "SLURM_STEP_NODELIST": "node[1-2]", "SLURM_NTASKS": "2",
+             "SLURM_PROCID": "0", "SLURM_LOCALID": "0"}
+    assert d2l.detect_cluster(slurm) == "slurm"
+    assert d2l.detect_cluster({**slurm, "SLURM_NTASKS": "1"}) is None  # one task: alone
+    assert d2l.detect_cluster({"OMPI_MCA_orte_hnp_uri": "x", "OMPI_COMM_WORLD_SIZE": "4"}) \
+        == "ompi"
+    assert d2l.detect_cluster({"KUBERNETES_SERVICE_HOST": "10.0.0.1"}) is None  # a pod
+    assert d2l.detect_cluster({"KUBERNETES_SERVICE_HOST": "10.0.0.1",
+                               "JOB_COMPLETION_INDEX": "0"}) == "k8s"
+    assert d2l.detect_cluster({}) is None
+
+
+def test_alone_is_a_no_op(monkeypatch):
+    for name in ["D2L_MULTI_COORDINATOR_ADDRESS", "SLURM_JOB_ID", "OMPI_MCA_orte_hnp_uri",
+                 "KUBERNETES_SERVICE_HOST", "TPU_WORKER_HOSTNAMES"]:
+        monkeypatch.delenv(name, raising=False)
+    assert d2l.initialize_distributed() == (0, 1)
+    assert not jax.distributed.is_initialized()
+
+
+@pytest.mark.parametrize("kwargs,message", [
+    (dict(heartbeat_timeout=0), "heartbeat_timeout must be a whole number of seconds >= 1"),
+    (dict(heartbeat_timeout="10"), "heartbeat_timeout must be a whole number of seconds"),
+    (dict(collective_timeout=-1), "collective_timeout must be a whole number of seconds"),
+    (dict(collective_timeout=2.5), "collective_timeout must be a whole number of seconds"),
+])
+def test_initialize_distributed_checks_its_arguments(kwargs, message):
+    with pytest.raises(ValueError, match=message):
+        d2l.initialize_distributed(**kwargs)
+
+
+@pytest.mark.parametrize("status", [-1, 256, 1.0, "1", True])
+def test_exit_worker_checks_the_status(status):
+    with pytest.raises(ValueError, match="status must be an exit status from 0 to 255"):
+        d2l.exit_worker(status)
+
+
+def test_exit_worker_alone_exits_normally():
+    for status in (0, 3):
+        with pytest.raises(SystemExit) as e:
+            d2l.exit_worker(status)
+        assert e.value.code == status
+
+
+def test_process_batches_split_global_batches(monkeypatch):
+    """Process p of 2 gets rows p*b/2..(p+1)*b/2 of every global batch; padding weighs 0."""
+    X, y = np.arange(10)[:, None], np.arange(10)
+    whole = list(d2l.process_batches(X, y, 4, shuffle=True, seed=1))
+    assert len(whole) == 2  # the last incomplete batch is dropped in training
+    parts = []
+    for p in range(2):
+        monkeypatch.setattr(jax, "process_count", lambda: 2)
+        monkeypatch.setattr(jax, "process_index", lambda p=p: p)
+        parts.append(list(d2l.process_batches(X, y, 4, shuffle=True, seed=1)))
+    for (Xw, yw, _), (X0, y0, _), (X1, y1, _) in zip(whole, *parts):
+        np.testing.assert_array_equal(Xw, np.concatenate([X0, X1]))
+        np.testing.assert_array_equal(yw, np.concatenate([y0, y1]))
+    monkeypatch.undo()
+    evals = list(d2l.process_batches(X, y, 4))  # evaluation: padded, not dropped
+    assert [w.tolist() for *_, w in evals] == [[1] * 4, [1] * 4, [1, 1, 0, 0]]
+
+
+@pytest.mark.parametrize("call,message", [
+    (lambda: list(d2l.process_batches(np.zeros(4), np.zeros(3), 2)),
+     "X has 4 examples but y has 3 labels"),
+    (lambda: list(d2l.process_batches(np.zeros(4), np.zeros(4), 0)),
+     "batch_size must be a positive integer, got 0"),
+    (lambda: list(d2l.process_batches(np.zeros(4), np.zeros(4), 2, epoch=-1)),
+     "epoch must be a non-negative integer, got -1"),
+    (lambda: list(d2l.process_batches(np.zeros(4), np.zeros(4), 2, seed=1.5)),
+     "seed must be a non-negative integer, got 1.5"),
+    (lambda: d2l.global_batch("mesh", np.zeros(8)), "mesh must be a jax.sharding.Mesh"),
+    (lambda: d2l.global_batch(d2l.device_mesh()), "pass the arrays to assemble"),
+    (lambda: d2l.check_device_counts(0), "devices_per_process must be a positive integer"),
+    (lambda: launch.job_env(2, 2, 4, 1234), "process_id must be a whole number from 0 to 1"),
+    (lambda: launch.job_env(0, 2, 0, 1234), "devices_per_process must be a whole number"),
+    (lambda: launch.job_env(0, 2, 4, 0), "port must be a whole number from 1 to 65535"),
+    (lambda: launch.worker_env(0, 2, 2, 1234, heartbeat_timeout=0),
+     "heartbeat_timeout must be a whole number at least 1"),
+])
+def test_distributed_functions_refuse_bad_arguments(call, message):
+    with pytest.raises(ValueError, match=re.escape(message)):
+        call()
 
 
 WAIT_FOREVER = """
@@ -167,13 +239,51 @@ def test_survivor_fails_fast_without_launcher():
         code = procs[0].wait(timeout=40)
         waited = time.monotonic() - killed
         output = procs[0].stdout.read()
-        assert code != 0
+        assert code == -signal.SIGABRT, output[-2000:]  # JAX's fatal error: abort()
         assert waited < 25, f"the survivor took {waited:.1f} s to notice"
         assert "another task died" in output or "heartbeat" in output, output[-2000:]
     finally:
         for p in procs:
             p.kill()
             p.wait()
+
+
+def test_mismatched_device_counts():
+    """A process with fewer devices than the others is refused by every process."""
+    worker = ('if [ "$D2L_MULTI_PROCESS_ID" = 1 ]; then export '
+              'D2L_MULTI_DEVICES_PER_PROCESS=2; fi; exec "$0" -c '
+              '"import d2l_multi as d2l; d2l.initialize_distributed()"')
+    job = Job(["-n", "2", "--devices-per-process", "4"], ["sh", "-c", worker, PY])
+    assert job.finish(timeout=40) == 1, job.output
+    assert "ValueError: every process should have 4 device(s), but process 0: 4, process 1: 2" \
+        in job.output
+    assert "--devices-per-process" in job.output
+
+
+RAISE_WHILE_PEER_SLEEPS = """
+import time, d2l_multi as d2l
+process, _ = d2l.initialize_distributed()
+print("joined", flush=True)
+if process == 1:
+    raise RuntimeError("the gloo context could not be set up")
+time.sleep(600)
+"""
+
+
+def test_a_worker_that_raises_ends_the_job_while_its_peer_sleeps():
+    """p1 raises after joining while p0 sleeps: p1 exits at once (instead of waiting in JAX's
+    shutdown barrier for p0) and the launcher stops p0."""
+    job = Job(["-n", "2", "--grace-period", "1"], [PY, "-c", RAISE_WHILE_PEER_SLEEPS])
+    job.wait_for("[p1] joined", timeout=60)
+    raised = time.monotonic()
+    assert job.finish(timeout=40) == 1, job.output
+    assert time.monotonic() - raised < 20
+    assert "RuntimeError: the gloo context could not be set up" in job.output
+    assert "FAILED: worker p1 died first (exit code 1)" in job.output
+    assert "p0 (pid" in job.output and "stopped by the launcher" in job.output
+
+
+# the launcher
 
 
 def test_port_in_use(capsys):
@@ -187,93 +297,102 @@ def test_port_in_use(capsys):
     assert f"port {port} on 127.0.0.1 is already in use" in err and "--port" in err
 
 
-@pytest.mark.parametrize("argv,message", [
-    (["--processes", "0"], "--processes must be at least 1, got 0"),
-    (["-n", "-3"], "--processes must be at least 1, got -3"),
-    (["--devices-per-process", "0"], "--devices-per-process must be at least 1, got 0"),
+OK = ["--", PY, "-c", "pass"]  # a command that would run
+
+
+@pytest.mark.parametrize("argv,status,message", [
+    (["--processes", "0", *OK], 2, "--processes must be a whole number from 1 to 64, got 0"),
+    (["-n", "-3", *OK], 2, "--processes must be a whole number from 1 to 64, got -3"),
+    (["-n", "65", *OK], 2, "--processes must be a whole number from 1 to 64, got 65"),
+    (["-n", "two", *OK], 2, "argument --processes/-n: invalid int value: 'two'"),
+    (["--devices-per-process", "0", *OK], 2,
+     "--devices-per-process must be a whole number at least 1, got 0"),
+    (["--heartbeat-timeout", "0", *OK], 2, "--heartbeat-timeout must be a whole number at least 1"),
+    (["--collective-timeout", "-5", *OK], 2, "--collective-timeout must be a whole number at"),
+    (["--grace-period", "-1", *OK], 2, "--grace-period must be a finite number of seconds >= 0, "
+                                       "got -1.0"),
+    (["--grace-period", "nan", *OK], 2, "--grace-period must be a finite number of seconds"),
+    (["--grace-period", "inf", *OK], 2, "--grace-period must be a finite number of seconds"),
+    (["--timeout", "0", *OK], 2, "--timeout must be a finite number of seconds > 0, got 0.0"),
+    (["--timeout", "nan", *OK], 2, "--timeout must be a finite number of seconds > 0, got nan"),
+    (["--timeout", "-3", *OK], 2, "--timeout must be a finite number of seconds > 0"),
+    (["--port", "0", *OK], 2, "--port 0 is not a TCP port; use 1..65535"),
+    (["--port", "70000", *OK], 2, "--port 70000 is not a TCP port; use 1..65535"),
+    (["--bogus", *OK], 2, "unrecognized arguments: --bogus"),
+    (["-n", "2", "--"], 2, "no command to run; put it after '--'"),
+    (["-n", "2"], 2, "no command to run; put it after '--'"),
+    (["--", "no-such-program-d2l"], 127, "cannot find the program 'no-such-program-d2l'"),
+    (["--", "no_such_script.py"], 127, "no Python script 'no_such_script.py'"),
 ])
-def test_wrong_counts(capsys, argv, message):
-    assert launch.main([*argv, "--", PY, "-c", "pass"]) == 2
-    assert message in capsys.readouterr().err
+def test_launch_refuses_bad_arguments_before_starting_anything(capsys, argv, status, message):
+    start = time.monotonic()
+    assert launch.main(argv) == status
+    err = capsys.readouterr().err
+    assert message in err, err
+    assert len(err.strip().splitlines()) == 1 and "Traceback" not in err, err
+    assert time.monotonic() - start < 5
 
 
-def test_no_command(capsys):
-    assert launch.main(["-n", "2"]) == 2
-    assert "no command to run" in capsys.readouterr().err
+@pytest.mark.parametrize("kwargs,message", [
+    (dict(processes=0), "--processes must be a whole number from 1 to 64, got 0"),
+    (dict(processes=2.0), "--processes must be a whole number from 1 to 64, got 2.0"),
+    (dict(devices_per_process=True), "--devices-per-process must be a whole number"),
+    (dict(timeout=float("inf")), "--timeout must be a finite number of seconds > 0, got inf"),
+    (dict(grace_period="2"), "--grace-period must be a finite number of seconds >= 0"),
+    (dict(command=[]), "no command to run"),
+])
+def test_launch_run_checks_its_arguments(kwargs, message):
+    settings = {"command": [PY, "-c", "pass"], "processes": 1, "devices_per_process": 1,
+                **kwargs}
+    with pytest.raises(launch.LaunchError, match=message):
+        launch.run(**settings)
+    assert issubclass(launch.LaunchError, ValueError)
 
 
-def test_launcher_settings_checks_process_id():
-    env = {"D2L_MULTI_COORDINATOR_ADDRESS": "127.0.0.1:1234", "D2L_MULTI_NUM_PROCESSES": "2",
-           "D2L_MULTI_PROCESS_ID": "2", "D2L_MULTI_DEVICES_PER_PROCESS": "4"}
-    with pytest.raises(ValueError, match="PROCESS_ID=2 but the job has only 2 processes"):
-        d2l.launcher_settings(env)
-    with pytest.raises(ValueError, match="NUM_PROCESSES='two' is not an integer"):
-        d2l.launcher_settings({**env, "D2L_MULTI_NUM_PROCESSES": "two"})
-    assert d2l.launcher_settings({**env, "D2L_MULTI_PROCESS_ID": "1"})["process_id"] == 1
-    assert d2l.launcher_settings({}) is None
-
-
-def test_mismatched_device_counts():
-    """A process with fewer devices than the others is refused by every process."""
-    worker = ('if [ "$D2L_MULTI_PROCESS_ID" = 1 ]; then export '
-              'D2L_MULTI_DEVICES_PER_PROCESS=2; fi; exec "$0" -c '
-              '"import d2l_multi as d2l; d2l.initialize_distributed()"')
-    job = Job(["-n", "2", "--devices-per-process", "4"], ["sh", "-c", worker, PY])
-    assert job.finish(timeout=40) != 0
-    assert "process 0: 4, process 1: 2" in job.output
-    assert "--devices-per-process" in job.output
-
-
-def test_detect_cluster():
-    slurm = {"SLURM_JOB_ID": "7", "SLURM_STEP_NODELIST": "node[1-2]", "SLURM_NTASKS": "2",
-             "SLURM_PROCID": "0", "SLURM_LOCALID": "0"}
-    assert d2l.detect_cluster(slurm) == "slurm"
-    assert d2l.detect_cluster({**slurm, "SLURM_NTASKS": "1"}) is None  # one task: alone
-    assert d2l.detect_cluster({"OMPI_MCA_orte_hnp_uri": "x", "OMPI_COMM_WORLD_SIZE": "4"}) \
-        == "ompi"
-    assert d2l.detect_cluster({"KUBERNETES_SERVICE_HOST": "10.0.0.1"}) is None  # a pod
-    assert d2l.detect_cluster({"KUBERNETES_SERVICE_HOST": "10.0.0.1",
-                               "JOB_COMPLETION_INDEX": "0"}) == "k8s"
-    assert d2l.detect_cluster({}) is None
-
-
-def test_alone_is_a_no_op(monkeypatch):
-    for name in ["D2L_MULTI_COORDINATOR_ADDRESS", "SLURM_JOB_ID", "OMPI_MCA_orte_hnp_uri",
-                 "KUBERNETES_SERVICE_HOST", "TPU_WORKER_HOSTNAMES"]:
-        monkeypatch.delenv(name, raising=False)
-    assert d2l.initialize_distributed() == (0, 1)
-    assert not jax.distributed.is_initialized()
-
-
-def test_process_batches_split_global_batches(monkeypatch):
-    """Process p of 2 gets rows p*b/2..(p+1)*b/2 of every global batch; padding weighs 0."""
-    X, y = np.arange(10)[:, None], np.arange(10)
-    whole = list(d2l.process_batches(X, y, 4, shuffle=True, seed=1))
-    assert len(whole) == 2  # the last incomplete batch is dropped in training
-    parts = []
-    for p in range(2):
-        monkeypatch.setattr(jax, "process_count", lambda: 2)
-        monkeypatch.setattr(jax, "process_index", lambda p=p: p)
-        parts.append(list(d2l.process_batches(X, y, 4, shuffle=True, seed=1)))
-    for (Xw, yw, _), (X0, y0, _), (X1, y1, _) in zip(whole, *parts):
-        np.testing.assert_array_equal(Xw, np.concatenate([X0, X1]))
-        np.testing.assert_array_equal(yw, np.concatenate([y0, y1]))
-    monkeypatch.undo()
-    evals = list(d2l.process_batches(X, y, 4))  # evaluation: padded, not dropped
-    assert [w.tolist() for *_, w in evals] == [[1] * 4, [1] * 4, [1, 1, 0, 0]]
-
-
-def test_workers_die_with_the_launcher():
-    """Even a launcher killed with SIGKILL leaves no worker behind (Linux)."""
-    if not sys.platform.startswith("linux"):
-        pytest.skip("PR_SET_PDEATHSIG is Linux-only")
-    job = Job(["-n", "2"], ["sleep", "60"])
-    pids = worker_pids(job)
+def test_workers_and_their_children_die_with_the_launcher():
+    """Even a launcher killed with SIGKILL leaves no worker, nor a worker's child, behind."""
+    job = Job(["-n", "2"], ["sh", "-c", 'sleep 60 & echo "child $!"; wait'])
+    pids = set(worker_pids(job).values())
+    pids |= {int(line.split("child ")[1]) for line in job.wait_for("] child ", 20, count=2)}
+    assert len(pids) == 4 and all(alive(pid) for pid in pids)
     job.proc.kill()
     job.proc.wait(timeout=10)
     deadline = time.monotonic() + 10
-    while any(alive(pid) for pid in pids.values()) and time.monotonic() < deadline:
+    while any(alive(pid) for pid in pids) and time.monotonic() < deadline:
         time.sleep(0.1)
+    assert not any(alive(pid) for pid in pids)
+
+
+def test_a_finished_worker_s_leftover_child_does_not_hang_the_launcher():
+    """A worker exits 0 but its child keeps the output pipe open: the launcher kills the child
+    after the grace period, says so, and exits 0."""
+    job = Job(["-n", "1", "--grace-period", "0.5"], ["sh", "-c", 'sleep 60 & echo "child $!"'])
+    child = int(job.wait_for("[p0] child ", timeout=20).split("child ")[1])
+    assert job.finish(timeout=20) == 0, job.output
+    assert "p0 (pid" in job.output and "left processes running in its process group; " \
+                                         "killing them" in job.output
+    assert "all 1 worker(s) finished OK" in job.output
+    deadline = time.monotonic() + 5
+    while alive(child) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not alive(child)
+
+
+SLOW_START = ('echo initialising; if [ "$D2L_MULTI_PROCESS_ID" = 1 ]; then sleep 1; '
+              'echo "step 1"; fi; exec sleep 60')
+
+
+def test_timeout_stops_the_job_and_names_the_worker_it_waits_on():
+    job = Job(["-n", "2", "--timeout", "3", "--grace-period", "0.5"], ["sh", "-c", SLOW_START])
+    pids = worker_pids(job)
+    start = time.monotonic()
+    assert job.finish(timeout=30) == launch.TIMEOUT_STATUS, job.output
+    assert time.monotonic() - start < 15
+    out = job.output
+    assert "timed out: the job did not finish within --timeout 3 s; still running: p0" in out
+    assert "p0 (pid" in out and "last printed" in out and "'initialising'" in out
+    assert "'step 1'" in out
+    assert "the job waits on p0" in out and "FAILED: stopped by --timeout 3 s" in out
     assert not any(alive(pid) for pid in pids.values())
 
 
@@ -285,3 +404,247 @@ def test_gloo_chatter_is_dropped():
     assert launch.drop_gloo_chatter("0 is connected to ") == ""
     assert launch.drop_gloo_chatter("epoch 1: loss [Gloo] Rank ") == "epoch 1: loss "
     assert launch.drop_gloo_chatter("epoch 1: loss 2.3") == "epoch 1: loss 2.3"
+
+
+# mp_train
+
+
+# 256 examples in global batches of 64: 4 steps per epoch, 8 in all; checkpoints at 3, 6, 8
+MP = ["--num-train", "256", "--num-val", "64", "--batch-size", "64", "--epochs", "2",
+      "--save-every", "3"]
+
+
+def parse(argv):
+    return mp_train.parser().parse_args([str(a) for a in argv])
+
+
+@pytest.fixture(scope="module")
+def uninterrupted():
+    """The reference: mp_train's 8 steps without a break, here (1 process x 8 devices)."""
+    assert jax.process_count() == 1 and jax.device_count() == 8
+    params, history = mp_train.train(parse(MP))
+    assert [row["steps"] for row in history] == [4, 8]
+    return [np.asarray(p) for p in params]
+
+
+@pytest.fixture(scope="module")
+def resumed(tmp_path_factory):
+    """mp_train stopped mid-epoch by --steps 5 (checkpoints at 3 and 5), then resumed."""
+    out = tmp_path_factory.mktemp("resumed")
+    args = [*MP, "--out", out]
+    _, first = mp_train.train(parse([*args, "--steps", 5]))
+    steps_after_stop = d2l.saved_steps(out / "checkpoints")
+    params, second = mp_train.train(parse([*args, "--resume"]))
+    return dict(out=out, args=args, first=first, steps_after_stop=steps_after_stop,
+                params=[np.asarray(p) for p in params], second=second)
+
+
+def test_one_process_resumes_exactly_where_it_stopped(resumed, uninterrupted):
+    """The resumed run ends with the parameters of the uninterrupted one, bit for bit (the
+    same mesh, the same batches in the same order)."""
+    assert [row["steps"] for row in resumed["first"]] == [4, 5]
+    assert resumed["steps_after_stop"] == [3, 5]
+    assert [(row["epoch"], row["steps"]) for row in resumed["second"]] == [(2, 8)]
+    for a, b in zip(resumed["params"], uninterrupted):
+        np.testing.assert_array_equal(a, b)
+    log = json.loads((resumed["out"] / "log.json").read_text())
+    assert [(row["epoch"], row["steps"]) for row in log] == [(1, 4), (2, 5), (2, 8)]
+    saved = np.load(resumed["out"] / "params.npz")
+    for i, b in enumerate(uninterrupted):
+        np.testing.assert_array_equal(saved[f"arr_{i}"], b)
+
+
+def test_two_processes_crash_resume_and_match_one_process(tmp_path, uninterrupted):
+    """2 processes x 4 devices: p1 dies at step 4, the launcher stops p0 at once and leaves no
+    process; the checkpoint of step 3 resumes mid-epoch, and the run ends with the parameters
+    of the uninterrupted 1 x 8 run (up to the order of sums)."""
+    args = [PY, "-m", "d2l_multi.mp_train", *MP, "--out", str(tmp_path)]
+    job = Job(["-n", "2", "--devices-per-process", "4", "--grace-period", "2"],
+              [*args, "--crash-at-step", "4"])
+    pids = worker_pids(job)
+    job.wait_for("crashing on purpose at step 4", timeout=150)
+    crashed = time.monotonic()
+    code = job.finish(timeout=30)
+    stopped_after = time.monotonic() - crashed
+    assert code == 128 + signal.SIGKILL, job.output
+    assert "FAILED: worker p1 died first (killed by SIGKILL)" in job.output
+    assert "process 1 of 2: 4 local cpu devices of 8" in job.output
+    assert stopped_after < 15, f"the job took {stopped_after:.1f} s to stop"
+    assert not any(alive(pid) for pid in pids.values()), job.output
+    assert d2l.saved_steps(tmp_path / "checkpoints") == [3]  # 6 was never reached
+    job = Job(["-n", "2", "--devices-per-process", "4"], [*args, "--resume"])
+    assert job.finish(timeout=150) == 0, job.output
+    assert "resumed from the checkpoint of step 3 (epoch 1, batch 3 of 4)" in job.output
+    multi = np.load(tmp_path / "params.npz")
+    multi = [multi[f"arr_{i}"] for i in range(len(multi.files))]
+    assert_trees_close(multi, uninterrupted, dict(rtol=1e-4, atol=1e-6))
+    # the checkpoint the two processes wrote together restores in this one process
+    assert d2l.saved_steps(tmp_path / "checkpoints") == [6, 8]
+    state = d2l.restore_checkpoint(tmp_path / "checkpoints",
+                                   mp_train.abstract_state(mp_train.data_mesh()))
+    assert int(state["step"]) == 8
+    for a, b in zip(state["params"], multi):
+        np.testing.assert_array_equal(np.asarray(a), b)
+
+
+def test_resuming_refuses_checkpoints_of_another_run(resumed, capsys):
+    """Checkpoints in --out without --resume, or written with other data sizes, or past the
+    end of the run: refused, naming the fix, and nothing changes."""
+    args, before = resumed["args"], snapshot(resumed["out"])
+    for argv, message in [
+            (args, "already holds checkpoints (steps [6, 8]); pass --resume to continue from "
+                   "step 8, or another --out"),
+            ([*args, "--resume", "--batch-size", "32"],
+             "was written with --batch-size 64 and 256 training examples"),
+            ([*args, "--resume", "--num-train", "1024"], "and 256 training examples"),
+            ([*args, "--resume", "--steps", "2"], "is of step 8, past the last step of this "
+                                                  "run (2)")]:
+        assert mp_train.main([str(a) for a in argv]) == 2
+        err = capsys.readouterr().err
+        assert message in err and "Traceback" not in err, err
+    assert snapshot(resumed["out"]) == before
+
+
+def test_a_damaged_checkpoint_is_one_line_naming_the_fix(resumed, tmp_path, capsys):
+    out = tmp_path / "run"
+    shutil.copytree(resumed["out"], out)
+    metadata = out / "checkpoints" / "8" / "state" / "_METADATA"
+    metadata.write_bytes(metadata.read_bytes()[:50])
+    before = snapshot(out)
+    assert mp_train.main([*MP, "--out", str(out), "--resume"]) == 1
+    err = capsys.readouterr().err
+    assert f"the latest checkpoint {out / 'checkpoints' / '8'} is damaged (" in err
+    assert "delete that folder to resume from step 6, or pass another --out" in err
+    assert err.count("error:") == 1 and "Traceback" not in err, err
+    assert snapshot(out) == before
+
+
+def test_a_worker_whose_coordinator_port_is_taken_says_so(capsys):
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        result = subprocess.run([PY, "-m", "d2l_multi.mp_train", *MP], capture_output=True,
+                                env=launch.worker_env(0, 2, 1, port), text=True, timeout=90)
+    assert result.returncode == 1, result.stderr
+    assert (f"python -m d2l_multi.mp_train: error: process 0 could not start the coordinator "
+            f"on 127.0.0.1:{port}: that port is in use") in result.stderr
+    assert "Traceback" not in result.stderr
+
+
+def test_resume_with_nothing_to_resume_says_so(tmp_path, capsys):
+    assert mp_train.main([*MP, "--steps", "1", "--resume", "--out", str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    assert f"no checkpoint in {tmp_path / 'checkpoints'}: starting from step 0" in out
+    assert d2l.saved_steps(tmp_path / "checkpoints") == [1]
+
+
+@pytest.mark.parametrize("argv,status,message", [
+    (["--epochs", "0"], 2, "argument --epochs: must be a finite number > 0, got 0"),
+    (["--epochs", "-2"], 2, "argument --epochs: must be a finite number > 0, got -2"),
+    (["--epochs", "ten"], 2, "argument --epochs: expected a whole number, got 'ten'"),
+    (["--batch-size", "0"], 2, "argument --batch-size: must be a finite number > 0, got 0"),
+    (["--batch-size", "100"], 2, "--batch-size 100 does not divide evenly over 8 devices (1 "
+                                 "process(es)); use a multiple of 8, e.g. 96 or 104"),
+    (["--num-train", "0"], 2, "argument --num-train: must be a finite number > 0, got 0"),
+    (["--num-train", "60001"], 2, "--num-train 60001: Fashion-MNIST has only 60000 of those "
+                                  "examples; pass at most 60000"),
+    (["--num-val", "-1"], 2, "argument --num-val: must be a finite number > 0, got -1"),
+    (["--num-val", "10001"], 2, "--num-val 10001: Fashion-MNIST has only 10000"),
+    (["--num-train", "50"], 2, "50 training examples make less than one global batch of "
+                               "--batch-size 64; pass a --batch-size of at most 50, or more "
+                               "--num-train"),
+    (["--steps", "0"], 2, "argument --steps: must be a finite number > 0, got 0"),
+    (["--save-every", "-4"], 2, "argument --save-every: must be a finite number > 0, got -4"),
+    (["--crash-at-step", "0"], 2, "argument --crash-at-step: must be a finite number > 0"),
+    (["--crash-at-step", "9"], 2, "--crash-at-step 9 is after the last step of this run (8: "
+                                  "2 epoch(s) of 4 steps, --steps None); pass a step from 1 "
+                                  "to 8"),
+    (["--steps", "3", "--crash-at-step", "4"], 2, "pass a step from 1 to 3"),
+    (["--lr", "nan"], 2, "argument --lr: must be a finite number > 0, got nan"),
+    (["--lr", "inf"], 2, "argument --lr: must be a finite number > 0, got inf"),
+    (["--lr", "-0.1"], 2, "argument --lr: must be a finite number > 0, got -0.1"),
+    (["--lr", "0"], 2, "argument --lr: must be a finite number > 0, got 0"),
+    (["--resume"], 2, "--resume needs --out: the checkpoints are in OUT/checkpoints"),
+    (["--out", "FILE"], 1, "--out FILE is a file, not a folder; pass a folder"),
+    (["--out", "FILE/run"], 1, "is a file, not a folder; pass a folder"),
+    (["--out", "/proc/d2l_multi_run"], 1, "cannot write into --out /proc/d2l_multi_run"),
+    (["--bogus"], 2, "unrecognized arguments: --bogus (see python -m d2l_multi.mp_train "
+                     "--help)"),
+])
+def test_mp_train_refuses_bad_values_at_once_writing_nothing(tmp_path, capsys, argv, status,
+                                                             message):
+    (tmp_path / "FILE").write_text("not a folder")
+    before = snapshot(tmp_path)
+    argv = [a.replace("FILE", str(tmp_path / "FILE")) for a in argv]
+    message = message.replace("FILE", str(tmp_path / "FILE"))
+    start = time.monotonic()
+    assert mp_train.main([*MP, *argv]) == status
+    assert time.monotonic() - start < 30  # refused before any training
+    err = capsys.readouterr().err
+    assert err.strip().splitlines()[-1].endswith(message) or message in err, err
+    assert err.count("error:") == 1 and "Traceback" not in err, err
+    assert snapshot(tmp_path) == before
+
+
+@pytest.mark.parametrize("option,value", [("epochs", 0), ("lr", float("nan")),
+                                          ("batch_size", 2.5), ("steps", True)])
+def test_mp_train_train_checks_arguments_that_bypass_the_parser(option, value):
+    args = parse(MP)
+    setattr(args, option, value)
+    with pytest.raises(ValueError, match=rf"--{option.replace('_', '-')} must be a .* > 0, "
+                                         rf"got {value!r}"):
+        mp_train.train(args)
+
+
+def test_mp_train_command_prints_one_line_without_traceback():
+    result = subprocess.run([PY, "-m", "d2l_multi.mp_train", "--epochs", "0"],
+                            capture_output=True, text=True, timeout=60)
+    assert result.returncode == 2
+    assert result.stderr.strip() == ("python -m d2l_multi.mp_train: error: argument --epochs: "
+                                     "must be a finite number > 0, got 0 (see python -m "
+                                     "d2l_multi.mp_train --help)")
+
+
+def test_a_diverging_run_stops_and_commits_no_non_finite_checkpoint(tmp_path, capsys,
+                                                                      monkeypatch):
+    import orbax.checkpoint as ocp
+    opened, init, close = [], ocp.CheckpointManager.__init__, ocp.CheckpointManager.close
+
+    def tracked_init(self, *args, **kwargs):
+        init(self, *args, **kwargs)
+        opened.append(self)
+
+    def tracked_close(self):
+        opened.remove(self)
+        close(self)
+    monkeypatch.setattr(ocp.CheckpointManager, "__init__", tracked_init)
+    monkeypatch.setattr(ocp.CheckpointManager, "close", tracked_close)
+    code = mp_train.main([*MP, "--lr", "1e30", "--save-every", "1", "--out", str(tmp_path)])
+    err = capsys.readouterr().err
+    assert code == 1, err
+    assert "the loss became nan at step 2 (epoch 1) with --lr 1e+30; the learning rate is " \
+           "too large: try a smaller one, e.g. --lr 0.2" in err and "Traceback" not in err
+    assert opened == []  # every checkpoint manager was closed
+    steps = d2l.saved_steps(tmp_path / "checkpoints")
+    assert steps == [1]
+    for step in steps:
+        state = d2l.restore_checkpoint(tmp_path / "checkpoints",
+                                       mp_train.abstract_state(mp_train.data_mesh()), step)
+        d2l.check_finite(state)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["checkpoints"]
+
+
+def test_damaged_data_under_the_launcher_is_one_line_per_worker(tmp_path):
+    data = tmp_path / "fashion-mnist"
+    data.mkdir()
+    for name in ["train-images-idx3-ubyte.gz", "train-labels-idx1-ubyte.gz",
+                 "t10k-images-idx3-ubyte.gz", "t10k-labels-idx1-ubyte.gz"]:
+        (data / name).write_bytes(b"not gzip")
+    job = Job(["-n", "2"], [PY, "-m", "d2l_multi.mp_train", *MP], D2L_MULTI_DATA=str(tmp_path))
+    assert job.finish(timeout=90) == 1, job.output
+    first = job.wait_for("died first (exit code 1)", timeout=1).split("worker ")[1].split()[0]
+    errors = [line for line in job.lines if line.startswith(f"[{first}] ")]
+    assert len(errors) == 1 and "cannot decompress" in errors[0], job.output
+    assert errors[0].startswith(f"[{first}] python -m d2l_multi.mp_train: error: ")
+    assert "Traceback" not in job.output

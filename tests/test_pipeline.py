@@ -87,9 +87,8 @@ def test_iterator_saved_with_the_checkpoint_resumes_exactly(source, tmp_path, ap
     it = fresh()
     for _ in range(4):
         next(it)
-    manager = d2l.checkpoint_manager(tmp_path)
-    d2l.save_checkpoint(manager, 4, state, it)
-    manager.wait_until_finished()
+    with d2l.checkpoint_manager(tmp_path) as manager:
+        d2l.save_checkpoint(manager, 4, state, it)
     expected = [next(it) for _ in range(3)]  # what the run would have seen next
     resumed = fresh()
     restored = d2l.restore_checkpoint(tmp_path, d2l.abstract_like(state, mesh, {"w": P("model")}),

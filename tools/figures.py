@@ -198,6 +198,116 @@ def lenet():
     save(fig, "lenet")
 
 
+def memory_per_device():
+    """What each of 4 devices holds under data parallelism and under FSDP (Adam)."""
+    fig, ax = canvas(9.0, 3.5)
+    kinds = [("parameters", 0.45, "#4C72B0"), ("gradients", 0.45, "#8DA0CB"),
+             ("Adam state", 0.9, "#55A868"), ("activations", 0.45, "#DD8452")]
+    for panel, (title, x0, split) in enumerate((("data parallelism", 0.35, 1),
+                                                ("fully-sharded data parallelism", 3.95, 4))):
+        ax.text(x0 + 1.55, 3.2, title, ha="center", size=10, weight="bold")
+        for d in range(4):
+            x, y = x0 + d * 0.8, 0.45
+            for i, (name, h, face) in enumerate(kinds):
+                h = h if i == 3 else h / split   # the batch is split in both
+                box(ax, x, y, 0.6, h, face=face, style="square,pad=0.0", lw=0.6)
+                y += h
+            ax.text(x + 0.3, 0.2, f"device {d}", ha="center", size=8)
+        ax.plot([x0 - 0.1, x0 + 3.15], [0.45, 0.45], color=INK, lw=0.8)
+    for i, (name, _, face) in enumerate(reversed(kinds)):
+        box(ax, 7.55, 2.55 - i * 0.35, 0.22, 0.22, face=face, style="square,pad=0.0", lw=0.6)
+        ax.text(7.85, 2.66 - i * 0.35, name, va="center", size=8)
+    ax.text(5.5, 1.9, "each device: 1/4 of every\nparameter, gradient and\nAdam array",
+            ha="center", size=8, color="#444444")
+    save(fig, "memory_per_device")
+
+
+def megatron_mlp():
+    """Tensor parallelism in the MLP on 2 devices: columns of A, rows of B, one all-reduce."""
+    fig, ax = canvas(8.4, 2.9)
+    ax.text(4.2, 2.7, "MLP  y = GELU(x A) B  on 2 devices (tensor parallelism)", ha="center",
+            size=10, weight="bold")
+    for d in range(2):
+        y = 1.45 - d * 1.05
+        box(ax, 0.2, y, 0.9, 0.7, "x\n(whole)", face=GREY, size=8)
+        box(ax, 1.5, y, 1.1, 0.7, f"A, columns\nhalf {d + 1}", face=LIGHT[d], size=8)
+        box(ax, 3.0, y, 1.2, 0.7, f"GELU(x A{d + 1})\nhidden half", face=LIGHT[d], size=8)
+        box(ax, 4.6, y, 1.1, 0.7, f"B, rows\nhalf {d + 1}", face=LIGHT[d], size=8)
+        box(ax, 6.1, y, 0.9, 0.7, f"partial\nsum y{d + 1}", face=DEVICE[d], color="white",
+            size=8)
+        for a, b in ((1.1, 1.5), (2.6, 3.0), (4.2, 4.6), (5.7, 6.1)):
+            arrow(ax, (a, y + 0.35), (b, y + 0.35))
+        ax.text(0.05, y + 0.35, f"device {d}", rotation=90, va="center", ha="center", size=8,
+                color=DEVICE[d])
+    box(ax, 7.35, 0.6, 0.95, 1.3, "all-reduce\ny = y1 + y2", face="#FFF2CC", size=8)
+    arrow(ax, (7.0, 1.8), (7.35, 1.5))
+    arrow(ax, (7.0, 0.75), (7.35, 1.0))
+    save(fig, "megatron_mlp")
+
+
+def _schedule(ax, x0, y0, slots, title, p, m, unit=0.19):
+    """Draw a pipeline schedule: slots[s] is a list of (time, 'F' or 'B', micro-batch)."""
+    ax.text(x0, y0 + p * 0.32 + 0.12, title, size=9, weight="bold")
+    for s in range(p):
+        y = y0 + (p - 1 - s) * 0.32
+        ax.text(x0 - 0.12, y + 0.13, f"stage {s}", ha="right", va="center", size=7.5)
+        ax.add_patch(FancyBboxPatch((x0, y), unit * (2 * (m + p - 1)), 0.26,
+                                    boxstyle="square,pad=0.0", facecolor="#F4F4F4",
+                                    edgecolor="none"))
+        for t, kind, j in slots[s]:
+            box(ax, x0 + t * unit, y, unit, 0.26, f"{j + 1}", face=DEVICE[0] if kind == "F"
+                else DEVICE[1], color="white", size=6.5, style="square,pad=0.0", lw=0.4)
+
+
+def simulate_pipeline(orders, p, m):
+    """Start times of each stage's operations (forward 'F' and backward 'B' take one unit):
+    F of a micro-batch waits for the stage before, B for the stage after."""
+    done, slots = {}, [[] for _ in range(p)]
+    pending = [list(order) for order in orders]
+    free = [0] * p
+    while any(pending):
+        for s in range(p):
+            while pending[s]:
+                kind, j = pending[s][0]
+                dep = ((s - 1, "F", j) if kind == "F" else
+                       (s + 1, "B", j) if s < p - 1 else (s, "F", j))
+                if kind == "F" and s == 0:
+                    ready = 0
+                elif dep in done:
+                    ready = done[dep]
+                else:
+                    break
+                start = max(free[s], ready)
+                free[s] = done[(s, kind, j)] = start + 1
+                slots[s].append((start, kind, j))
+                pending[s].pop(0)
+    return slots
+
+
+def pipeline_schedules():
+    """GPipe and 1F1B for p = 4 stages and m = 8 micro-batches (forward and backward take one
+    time unit each): the same idle time, but 1F1B holds at most p micro-batches' activations."""
+    p, m = 4, 8
+    gpipe = [[("F", j) for j in range(m)] + [("B", j) for j in range(m)] for _ in range(p)]
+    one_f_one_b = []
+    for s in range(p):
+        warm = min(p - s - 1, m)
+        order = [("F", j) for j in range(warm)]
+        for j in range(m - warm):
+            order += [("F", warm + j), ("B", j)]
+        one_f_one_b.append(order + [("B", j) for j in range(m - warm, m)])
+    fig, ax = canvas(7.0, 3.6)
+    _schedule(ax, 0.75, 1.95, simulate_pipeline(gpipe, p, m),
+              "GPipe: all forwards, then all backwards", p, m)
+    _schedule(ax, 0.75, 0.25, simulate_pipeline(one_f_one_b, p, m),
+              "1F1B: after a warm-up, one forward, one backward", p, m)
+    box(ax, 5.2, 3.2, 0.19, 0.19, face=DEVICE[0], style="square,pad=0.0", lw=0.4)
+    ax.text(5.45, 3.3, "forward of a micro-batch", va="center", size=7.5)
+    box(ax, 5.2, 2.9, 0.19, 0.19, face=DEVICE[1], style="square,pad=0.0", lw=0.4)
+    ax.text(5.45, 3.0, "its backward", va="center", size=7.5)
+    ax.text(5.2, 2.55, "grey: idle (the bubble)", size=7.5, color="#555555")
+    save(fig, "pipeline_schedules")
+
 def ensemble_step():
     """One training step of a pmap ensemble on k = 4 devices: the batch is replicated, every
     member updates only its own weights, and only the probabilities are averaged."""
@@ -256,7 +366,8 @@ def ensemble_layouts():
 
 
 FIGURES = [lenet, split_network, split_layers, split_data, data_parallel_step, ring_allreduce,
-           gather_to_one, ensemble_step, ensemble_layouts]
+           gather_to_one, ensemble_step, ensemble_layouts, memory_per_device, megatron_mlp,
+           pipeline_schedules]
 
 if __name__ == "__main__":
     wanted = sys.argv[1:]
