@@ -23,14 +23,18 @@ _MODULES = {  # module: the public names it holds, in the chapter's order
     "collectives": ["allreduce", "replicate", "ring_allreduce", "unreplicate"],
     "parallel": ["check_divisible", "pmap_sgd_step", "split_batch", "train", "train_batch"],
     # jit + shardings, shard_map, Flax, Keras 3
-    "concise": ["check_spec", "make_shard_map_step", "make_train_step", "shard",
-                "shard_batch"],
+    "concise": ["COLLECTIVES", "check_spec", "count_collectives", "make_shard_map_step",
+                "make_train_step", "shard", "shard_batch"],
     "flax_models": ["CNN", "CNNBatchNorm", "Residual", "ResNet", "ResNet18", "TrainState",
                     "apply_model", "bn_train_step", "create_bn_train_state",
                     "create_train_state", "cross_entropy_loss", "evaluate_flax",
                     "jit_train_step", "num_correct_flax", "train_sharded", "update_model"],
     "keras_models": ["keras_assign_state", "keras_convnet", "keras_train_state",
                      "make_keras_train_step"],
+    # when do more devices help? a measured cost model
+    "cost_model": ["bus_bandwidth", "collective_loop", "cpu_time_call", "fit_alpha_beta",
+                   "measure_collectives", "measure_compute", "predict_step_time", "step_cost",
+                   "time_collective"],
     # ensembles
     "ensemble": ["apply_ensemble", "check_ensemble_size", "create_ensemble_state",
                  "create_stacked_ensemble", "ensemble_num_correct", "evaluate_ensemble",
@@ -45,14 +49,14 @@ _MODULES = {  # module: the public names it holds, in the chapter's order
                  "create_sharded", "use_sharding"],
     # FSDP, tensor and pipeline parallelism
     "text": ["TINY_TEXT", "CharCorpus"],
-    "strategies": ["COLLECTIVES", "LOGICAL_AXES", "STRATEGIES", "bubble_fraction",
-                   "count_collectives", "lm_train_step", "reshard", "shard_tokens",
-                   "sharding_rules"],
+    "strategies": ["LOGICAL_AXES", "STRATEGIES", "bubble_fraction", "lm_train_step", "reshard",
+                   "shard_tokens", "sharding_rules"],
     # checkpoints and input pipelines
     "checkpoint": ["CheckpointError", "abstract_like", "check_finite", "check_fits",
-                   "checkpoint_manager", "lenet_specs", "restore_checkpoint", "save_checkpoint",
+                   "check_layouts", "check_specs", "checkpoint_manager", "lenet_specs",
+                   "restore_checkpoint", "save_checkpoint",
                    "saved_steps", "sharded_train_state", "state_specs", "train_steps"],
-    "input_pipeline": ["ArraySource", "grain_loader"],
+    "input_pipeline": ["ArraySource", "CheckedIterator", "CheckedPipeline", "grain_loader"],
     # several processes
     "distributed": ["check_device_counts", "detect_cluster", "exit_worker", "global_batch",
                     "initialize_distributed", "launcher_settings", "process_batches"],

@@ -1,10 +1,16 @@
-"""``python -m d2l_multi benchmark``: where LeNet's epoch time goes, side by side.
+"""``python -m d2l_multi benchmark [lenet | collectives | predict] [options]``: measurements
+behind docs/benchmarks.md. Each prints the machine (CPU, cores, load, OS, versions, devices).
 
-Times one Fashion-MNIST epoch (batch 256, 234 steps; ``--steps`` times fewer and scales up)
-for the straightforward formulation of d2l's text (pmap, NCHW, batches copied from the host
-every step) and for the chapter's path (NHWC, the backend's faster convolution, pmap or
-jit + shardings), on 1 and N devices, and PyTorch on one CPU device when it is installed.
-Prints the machine and versions. Results are recorded in docs/benchmarks.md.
+lenet (the default)  One Fashion-MNIST epoch of LeNet (batch 256, 234 steps; ``--steps`` times
+                     fewer and scales up) for the straightforward formulation of d2l's text
+                     (pmap, NCHW, batches copied from the host every step) and the chapter's
+                     paths (NHWC, ``d2l.conv2d``; pmap, or jit + shardings with the epoch on the
+                     devices), on 1 and N devices, and PyTorch on one CPU when it is installed.
+collectives          psum, all_gather, psum_scatter and ppermute on 2, 4 and 8 devices from
+                     2 KB up: median time, spread, algorithm and bus bandwidth (nccl-tests'
+                     definitions), and the alpha-beta fit of each (notebook 07).
+predict              LeNet's data-parallel step (jit + shardings, global batch fixed) measured
+                     on 1, 2, 4, 8 devices next to the cost model's prediction (notebook 07).
 """
 import argparse
 import functools
@@ -14,6 +20,33 @@ import sys
 import time
 
 EPOCH_IMAGES = 60000
+SUBCOMMANDS = ("lenet", "collectives", "predict")
+COLLECTIVE_NAMES = ("psum", "all_gather", "psum_scatter", "ppermute")
+
+
+class _Parser(argparse.ArgumentParser):
+    """An argument parser whose errors are ValueErrors: one line, exit status 2."""
+
+    def error(self, message):
+        raise ValueError(f"{message} (see {self.prog} --help)")
+
+
+def _positive(name, value, example):
+    if value < 1:
+        raise ValueError(f"{name} must be a positive integer, e.g. {name} {example}; got {value}")
+    return value
+
+
+def _counts(name, text, least, example):
+    try:
+        counts = [int(part) for part in text.split(",")]
+    except ValueError:
+        raise ValueError(f"{name} takes comma-separated integers, e.g. {name} {example}; "
+                         f"got {text!r}") from None
+    if min(counts) < least:
+        raise ValueError(f"{name}: every count must be at least {least}, e.g. {name} "
+                         f"{example}; got {text}")
+    return counts
 
 
 def _machine():
@@ -25,16 +58,16 @@ def _machine():
             cpu = next(line.split(":", 1)[1].strip() for line in f if "model name" in line)
     except (OSError, StopIteration):
         pass
-    lines = [f"machine: {cpu}, {os.cpu_count()} cores, {platform.system()} {platform.release()}",
-             f"python {platform.python_version()}, jax {jax.__version__}, "
-             f"jaxlib {jaxlib.__version__}, devices: {jax.devices()}"]
-    try:
-        import torch
-        lines.append(f"torch {torch.__version__} ({torch.get_num_threads()} threads)")
-    except ImportError:
-        lines.append("torch not installed (PyTorch baseline skipped)")
-    return "\n".join(lines)
+    load = " ".join(f"{x:.2f}" for x in os.getloadavg()) if hasattr(os, "getloadavg") else "?"
+    devices = jax.devices()
+    return "\n".join([
+        f"machine: {cpu}, {os.cpu_count()} cores, load average {load}, "
+        f"{platform.system()} {platform.release()}",
+        f"python {platform.python_version()}, jax {jax.__version__}, jaxlib {jaxlib.__version__}, "
+        f"devices: {len(devices)} x {devices[0].device_kind}"])
 
+
+# --- lenet: where an epoch's time goes ------------------------------------------------------
 
 def _lenet_nchw(params, X):
     import jax
@@ -65,6 +98,7 @@ def straightforward(n, X, y, batch):
     params = [p.transpose(3, 2, 0, 1) if p.ndim == 4 else p for p in params]  # HWIO -> OIHW
     params = d2l.replicate(params, d2l.devices(n))
     X = np.ascontiguousarray(X.transpose(0, 3, 1, 2))                        # NHWC -> NCHW
+    steps = len(X) // batch
 
     @functools.partial(jax.pmap, axis_name="d", in_axes=(0, 0, 0, None))
     def step(params, X, y, lr):
@@ -75,6 +109,7 @@ def straightforward(n, X, y, batch):
         return [p - lr * g for p, g in zip(params, grads)], loss_value
 
     def run(i, state):
+        i %= steps
         Xb, yb = d2l.split_batch(X[i * batch:(i + 1) * batch], y[i * batch:(i + 1) * batch], n)
         return step(state, Xb, yb, 0.1)
     return params, run
@@ -85,8 +120,10 @@ def chapter_pmap(n, X, y, batch):
     import jax
     import d2l_multi as d2l
     params = d2l.replicate(d2l.init_lenet_params(jax.random.key(0)), d2l.devices(n))
+    steps = len(X) // batch
 
     def run(i, state):
+        i %= steps
         return d2l.train_batch(state, X[i * batch:(i + 1) * batch],
                                y[i * batch:(i + 1) * batch], n, 0.1)
     return params, run
@@ -110,7 +147,7 @@ def chapter_jit(n, X, y, batch):
         return [p - 0.1 * g for p, g in zip(params, grads)], loss
 
     def run(i, state):
-        return step(state, Xs, ys, i)
+        return step(state, Xs, ys, i % steps)
     return params, run
 
 
@@ -137,8 +174,10 @@ def _time_torch(X, y, batch, steps, warmup=3):
     Xt = torch.from_numpy(X.transpose(0, 3, 1, 2).copy())
     yt = torch.from_numpy(y.astype("int64"))
     loss_fn = nn.CrossEntropyLoss()
+    num_batches = len(X) // batch
 
     def run(i):
+        i %= num_batches
         opt.zero_grad()
         loss = loss_fn(net(Xt[i * batch:(i + 1) * batch]), yt[i * batch:(i + 1) * batch])
         loss.backward()
@@ -151,27 +190,31 @@ def _time_torch(X, y, batch, steps, warmup=3):
     return (time.perf_counter() - t) / steps
 
 
-def main(argv=None):
-    p = argparse.ArgumentParser(prog="python -m d2l_multi benchmark", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+def lenet_main(argv):
+    p = _Parser(prog="python -m d2l_multi benchmark lenet",
+                description="Where LeNet's epoch time goes, formulation by formulation.")
     p.add_argument("--devices", type=int, default=8,
                    help="N for the multi-device rows (simulated on CPU; default 8)")
     p.add_argument("--steps", type=int, default=None,
                    help="steps to time per row (default: a whole epoch, 234; 10 in smoke mode)")
-    p.add_argument("--batch-size", type=int, default=256)
+    p.add_argument("--batch-size", type=int, default=256, help="global batch (default 256)")
     args = p.parse_args(argv)
+    _positive("--devices", args.devices, 8)
+    _positive("--batch-size", args.batch_size, 256)
+    if args.steps is not None:
+        _positive("--steps", args.steps, 60)
     import d2l_multi as d2l
-    d2l.simulate_devices(max(args.devices, 1))
+    d2l.check_divisible(args.batch_size, args.devices)
+    epoch_steps = EPOCH_IMAGES // args.batch_size
+    if epoch_steps < 1:
+        raise ValueError(f"--batch-size {args.batch_size} is larger than an epoch of "
+                         f"{EPOCH_IMAGES} images; use at most {EPOCH_IMAGES}")
+    d2l.simulate_devices(args.devices)
+    d2l.devices(args.devices)
     print(_machine())
-    try:
-        d2l.devices(args.devices)
-        d2l.check_divisible(args.batch_size, args.devices)
-    except ValueError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
+    print(_torch_version())
     data = d2l.FashionMNIST(args.batch_size)
     X, y = data.train
-    epoch_steps = EPOCH_IMAGES // args.batch_size
     steps = min(args.steps or d2l.pick(epoch_steps, 10), epoch_steps)
     print(f"timing {steps} steps of batch {args.batch_size} per row; sec/epoch = "
           f"time per step x {epoch_steps}" + (" [SMOKE RUN]" if d2l.smoke() else ""))
@@ -195,3 +238,157 @@ def main(argv=None):
     for name, dev, sec in rows:
         print(f"| {name} | {dev} | {1000 * sec:.1f} | {sec * epoch_steps:.1f} |")
     return 0
+
+
+def _torch_version():
+    try:
+        import torch
+        return f"torch {torch.__version__} ({torch.get_num_threads()} threads)"
+    except ImportError:
+        return "torch not installed (PyTorch baseline skipped)"
+
+
+# --- collectives: the alpha-beta model ------------------------------------------------------
+
+def collectives_main(argv):
+    p = _Parser(prog="python -m d2l_multi benchmark collectives",
+                description="Time collectives over message sizes and fit the alpha-beta model.")
+    p.add_argument("--devices", default="2,4,8", help="device counts (default 2,4,8)")
+    p.add_argument("--collectives", default=",".join(COLLECTIVE_NAMES),
+                   help=f"which collectives (default {','.join(COLLECTIVE_NAMES)})")
+    p.add_argument("--max-mb", type=int, default=32,
+                   help="largest message in MB; sizes go from 2 KB by factors of 4 (default 32)")
+    p.add_argument("--repeat", type=int, default=5, help="timed samples per point (default 5)")
+    args = p.parse_args(argv)
+    counts = _counts("--devices", args.devices, 2, "2,4,8")
+    collectives = args.collectives.split(",")
+    unknown = sorted(set(collectives) - set(COLLECTIVE_NAMES))
+    if unknown:
+        raise ValueError(f"--collectives: unknown {', '.join(unknown)}; choose from "
+                         f"{','.join(COLLECTIVE_NAMES)}")
+    _positive("--max-mb", args.max_mb, 32)
+    _positive("--repeat", args.repeat, 5)
+    import numpy as np
+    import d2l_multi as d2l
+    d2l.simulate_devices(max(counts))
+    d2l.devices(max(counts))
+    print(_machine())
+    sizes = [2048 * 4 ** i for i in range(12) if 2048 * 4 ** i <= args.max_mb * 2 ** 20]
+    rows = d2l.measure_collectives(collectives, counts, sizes, args.repeat)
+    smoke = " [SMOKE RUN: not results]" if d2l.smoke() else ""
+    print(f"\nmedian of {d2l.shrink(args.repeat, 2)} samples, spread = min-max{smoke}")
+    print("| collective | devices | bytes | median µs | spread µs | algbw GB/s | busbw GB/s |\n"
+          "|---|---|---|---|---|---|---|")
+    for r in rows:
+        print(f"| {r['collective']} | {r['devices']} | {r['bytes']} | {1e6 * r['seconds']:.1f} | "
+              f"{1e6 * r['low']:.1f}-{1e6 * r['high']:.1f} | {r['algbw'] / 1e9:.3f} | "
+              f"{r['busbw'] / 1e9:.3f} |")
+    print("\nfit t = alpha + n beta (relative least squares); psum also as a ring, "
+          "2(k-1) alpha_hop + 2(k-1)/k n beta_link\n"
+          "| collective | devices | alpha µs | 1/beta GB/s | largest error | ring alpha_hop µs | "
+          "ring 1/beta_link GB/s |\n|---|---|---|---|---|---|---|")
+    for collective in collectives:
+        for k in counts:
+            n = np.array([r["bytes"] for r in rows if (r["collective"], r["devices"]) == (collective, k)])
+            t = np.array([r["seconds"] for r in rows if (r["collective"], r["devices"]) == (collective, k)])
+            alpha, beta = d2l.fit_alpha_beta(n, t)
+            error = np.max(np.abs((alpha + beta * n) / t - 1))
+            hop, link = ring(alpha, beta, k)
+            ring_text = f"| {1e6 * hop:.1f} | {_bandwidth(link)} |" if collective == "psum" else \
+                "| - | - |"
+            print(f"| {collective} | {k} | {1e6 * alpha:.1f} | {_bandwidth(beta)} | "
+                  f"{100 * error:.0f} % {ring_text}")
+    return 0
+
+
+def _bandwidth(beta):
+    return "inf" if beta == 0 else f"{1 / beta / 1e9:.3f}"
+
+
+def ring(alpha, beta, num_devices):
+    """The per-hop latency and per-byte link time of a ring allreduce whose time on
+    ``num_devices`` devices is ``alpha + beta n``: alpha = 2(k-1) hop, beta = 2(k-1)/k link."""
+    k = num_devices
+    return alpha / (2 * (k - 1)), beta * k / (2 * (k - 1))
+
+
+# --- predict: the cost model against LeNet's measured step ----------------------------------
+
+def predict_main(argv):
+    p = _Parser(prog="python -m d2l_multi benchmark predict",
+                description="LeNet's data-parallel step: measured and predicted.")
+    p.add_argument("--devices", default="1,2,4,8", help="device counts (default 1,2,4,8)")
+    p.add_argument("--batch-size", type=int, default=256, help="global batch (default 256)")
+    p.add_argument("--repeat", type=int, default=10, help="timed steps per point (default 10)")
+    p.add_argument("--rounds", type=int, default=3,
+                   help="rounds over the device counts; medians over them (default 3)")
+    args = p.parse_args(argv)
+    counts = _counts("--devices", args.devices, 1, "1,2,4,8")
+    _positive("--batch-size", args.batch_size, 256)
+    _positive("--repeat", args.repeat, 10)
+    _positive("--rounds", args.rounds, 3)
+    import d2l_multi as d2l
+    for k in counts:
+        d2l.check_divisible(args.batch_size, k)
+    d2l.simulate_devices(max(counts))
+    d2l.devices(max(counts))
+    print(_machine())
+    import jax
+    import jax.numpy as jnp
+    import numpy as np
+    from jax.sharding import PartitionSpec as P
+    B = args.batch_size
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    on_cpu = d2l.devices()[0].platform == "cpu"  # simulated devices share the cores
+
+    @jax.jit
+    def step(params, X, y):
+        loss, grads = jax.value_and_grad(d2l.loss_fn)(params, X, y)
+        return [p - 0.1 * g for p, g in zip(params, grads)], loss
+    params = d2l.init_lenet_params(jax.random.key(0))
+    grad_bytes = sum(p.size * p.dtype.itemsize for p in params)
+    images = lambda b: (jnp.zeros((b, 28, 28, 1)), jnp.zeros(b, jnp.int32))
+    sizes = [4 ** i for i in range(7, 12)]  # 16 KB to 4 MB, around the gradient
+    rings = {k: ring(*d2l.fit_alpha_beta(sizes, [np.median(d2l.time_collective("psum", k, n))
+                                                 for n in sizes]), k)
+             for k in counts if k > 1}
+    samples = {k: [] for k in counts}
+    for _ in range(d2l.shrink(args.rounds, 1)):  # a k's timings see the machine alike
+        for k in counts:
+            mesh = d2l.device_mesh((k,))
+            share = d2l.cpu_time_call(step, params, *images(B // k), repeat=args.repeat)
+            many = d2l.cpu_time_call(step, d2l.shard(params, mesh),
+                                     *d2l.shard(images(B), mesh, P("data")), repeat=args.repeat)
+            samples[k].append((*share, *many))
+    print(f"global batch {B}, gradient {grad_bytes} bytes, {cores} cores; medians of "
+          f"{d2l.shrink(args.rounds, 1)} rounds of {d2l.shrink(args.repeat, 2)} steps")
+    print("compute: " + ("k shares of one device's CPU seconds over the cores p the k devices "
+                         "kept busy (CPU seconds / wall seconds)" if on_cpu else
+                         "one device's share, all devices at once"))
+    print("| devices | p | measured ms | predicted ms | error | compute ms | allreduce ms |\n"
+          "|---|---|---|---|---|---|---|")
+    for k, rows in samples.items():
+        share_cpu, share_wall, cpu, measured = np.median(rows, axis=0)
+        alpha, beta = rings.get(k, (0.0, 0.0))
+        p = cpu / measured if on_cpu else k
+        predicted = d2l.predict_step_time(share_cpu if on_cpu else share_wall, k, grad_bytes,
+                                          alpha, beta, parallelism=p)
+        comm = d2l.predict_step_time(0.0, k, grad_bytes, alpha, beta)  # no compute: the allreduce
+        print(f"| {k} | {p:.2f} | {1e3 * measured:.1f} | {1e3 * predicted:.1f} | "
+              f"{100 * (predicted / measured - 1):+.0f} % | {1e3 * (predicted - comm):.1f} | "
+              f"{1e3 * comm:.2f} |", flush=True)
+    return 0
+
+
+def main(argv=None):
+    argv = list(sys.argv[1:] if argv is None else argv)
+    command = "lenet"
+    if argv and not argv[0].startswith("-"):
+        command = argv.pop(0)
+    elif argv and argv[0] in ("-h", "--help"):
+        print(__doc__)
+        return 0
+    if command not in SUBCOMMANDS:
+        raise ValueError(f"unknown benchmark {command!r}; use one of {', '.join(SUBCOMMANDS)}")
+    return {"lenet": lenet_main, "collectives": collectives_main,
+            "predict": predict_main}[command](argv)

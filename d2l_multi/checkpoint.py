@@ -25,29 +25,34 @@ class CheckpointError(RuntimeError):
     """A checkpoint exists but cannot be read: it is damaged or was not written by Orbax."""
 
 
-def _check_mesh(mesh):
-    if not isinstance(mesh, Mesh):
-        raise ValueError(f"mesh must be a jax.sharding.Mesh (e.g. d2l.device_mesh((4, 2))), got "
-                         f"{type(mesh).__name__}")
-
-
 def _is_spec(x):
     return isinstance(x, P) or x is None
 
 
-def _check_specs(tree, specs, what="specs"):
+def check_specs(tree, specs):
     """Raise a ValueError unless ``specs`` holds one PartitionSpec per array of ``tree``."""
     spec_leaves = jax.tree.leaves(specs, is_leaf=_is_spec)
     if any(s is None or not isinstance(s, P) for s in spec_leaves):
         bad = next(s for s in spec_leaves if not isinstance(s, P))
-        raise ValueError(f"{what} must hold a PartitionSpec for every array, found {bad!r}; "
+        raise ValueError(f"specs must hold a PartitionSpec for every array, found {bad!r}; "
                          f"write P() for a replicated array")
     tree_def = jax.tree.structure(tree)
     spec_def = jax.tree.structure(specs, is_leaf=_is_spec)
     if tree_def != spec_def:
-        raise ValueError(f"{what} must have the structure of the arrays, one PartitionSpec per "
+        raise ValueError(f"specs must have the structure of the arrays, one PartitionSpec per "
                          f"array: the arrays are {tree_def.num_leaves} in {tree_def}, the "
                          f"specs {spec_def.num_leaves} in {spec_def}")
+
+
+def check_layouts(tree, specs, mesh):
+    """Raise a ValueError unless ``mesh`` is a Mesh and ``specs`` holds one PartitionSpec per
+    array of ``tree`` that names axes of ``mesh`` and splits its array evenly."""
+    if not isinstance(mesh, Mesh):
+        raise ValueError(f"mesh must be a jax.sharding.Mesh (e.g. d2l.device_mesh((4, 2))), got "
+                         f"{type(mesh).__name__}")
+    check_specs(tree, specs)
+    for x, spec in zip(jax.tree.leaves(tree), jax.tree.leaves(specs, is_leaf=_is_spec)):
+        d2l.check_spec(spec, mesh, jnp.shape(x))
 
 
 def lenet_specs(axis="model"):
@@ -64,7 +69,7 @@ def state_specs(optimizer, params, specs):
     if not isinstance(optimizer, optax.GradientTransformation):
         raise ValueError(f"optimizer must be an optax optimizer, e.g. optax.adam(1e-3), got "
                          f"{type(optimizer).__name__}")
-    _check_specs(params, specs)
+    d2l.check_specs(params, specs)
     opt_state = jax.eval_shape(optimizer.init, params)  # shapes only, nothing allocated
     return {"params": specs,
             "opt_state": optax.tree_map_params(optimizer, lambda _, spec: spec, opt_state, specs,
@@ -74,7 +79,7 @@ def state_specs(optimizer, params, specs):
 
 def sharded_train_state(params, optimizer, mesh, specs):
     """The train state ``{'params', 'opt_state', 'step'}`` laid out on ``mesh``."""
-    _check_mesh(mesh)
+    d2l.check_layouts(params, specs, mesh)
     layouts = state_specs(optimizer, params, specs)
     state = {"params": params, "opt_state": optimizer.init(params),
              "step": jnp.zeros((), jnp.int32)}
@@ -84,13 +89,9 @@ def sharded_train_state(params, optimizer, mesh, specs):
 def abstract_like(tree, mesh, specs):
     """Shapes and dtypes of ``tree``'s arrays with the layouts ``specs`` on ``mesh``: the target
     that tells Orbax where to put every restored array (no memory is allocated)."""
-    _check_mesh(mesh)
-    _check_specs(tree, specs)
-
-    def leaf(x, spec):
-        d2l.check_spec(spec, mesh, x.shape)
-        return jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=NamedSharding(mesh, spec))
-    return jax.tree.map(leaf, tree, specs)
+    d2l.check_layouts(tree, specs, mesh)
+    return jax.tree.map(lambda x, spec: jax.ShapeDtypeStruct(
+        x.shape, x.dtype, sharding=NamedSharding(mesh, spec)), tree, specs)
 
 
 def _check_directory(directory, name="directory"):
@@ -362,9 +363,12 @@ def check_finite(tree, what="the state"):
 
 def train_steps(state, train_step, batches, mesh, num_steps, manager=None, save_every=0):
     """Take ``num_steps`` steps from ``state`` on batches from the iterator ``batches``; every
-    ``save_every`` steps save the state and the iterator's position with ``manager``, after
-    checking that the loss and the state are finite. Returns the new state and the losses."""
-    _check_mesh(mesh)
+    ``save_every`` steps save the state with ``manager`` (and, if ``batches`` is a Grain
+    iterator, its position), after checking that the loss and the state are finite. Returns the
+    new state and the losses."""
+    if not isinstance(mesh, Mesh):
+        raise ValueError(f"mesh must be a jax.sharding.Mesh (e.g. d2l.device_mesh((4, 2))), got "
+                         f"{type(mesh).__name__}")
     _check_count("num_steps", num_steps, 0)
     _check_count("save_every", save_every, 0)
     if not callable(train_step) or not hasattr(batches, "__next__"):
@@ -385,7 +389,8 @@ def train_steps(state, train_step, batches, mesh, num_steps, manager=None, save_
                 raise FloatingPointError(f"the loss became {float(loss)} at step {start + i + 1};"
                                          f" not saving it. Lower the learning rate")
             check_finite(state, f"the state of step {start + i + 1}")
-            save_checkpoint(manager, start + i + 1, state, batches)
+            save_checkpoint(manager, start + i + 1, state,
+                            batches if hasattr(batches, "get_state") else None)
     if manager is not None:
         manager.wait_until_finished()
     return state, [float(loss) for loss in losses]

@@ -1,6 +1,8 @@
-"""Concise data parallelism: a device mesh, NamedShardings, one ``jax.jit`` training step that
-the compiler parallelises, and its explicit-collectives twin written with ``jax.shard_map``."""
+"""Concise data parallelism: NamedShardings on a device mesh, one ``jax.jit`` training step that
+the compiler parallelises (automatic mode), and its per-device twin written with ``jax.shard_map``
+and explicit collectives (manual mode)."""
 import math
+import re
 
 import jax
 import jax.numpy as jnp
@@ -44,6 +46,9 @@ def shard_batch(X, y, mesh, axis_name="data"):
 def make_train_step(optimizer, loss=None):
     """A ``jax.jit``-compiled step; the shardings of its inputs decide how it is parallelised.
     ``loss(params, X, y)`` defaults to LeNet's ``d2l.loss_fn``."""
+    if not hasattr(optimizer, "update"):
+        raise TypeError(f"optimizer must be an optax optimizer such as optax.sgd(0.1), "
+                        f"got {optimizer!r}")
     loss = loss or d2l.loss_fn
 
     @jax.jit
@@ -55,15 +60,38 @@ def make_train_step(optimizer, loss=None):
 
 
 def make_shard_map_step(mesh, optimizer, loss=None, axis_name="data"):
-    """The same step written per device with ``jax.shard_map`` and explicit collectives."""
+    """``make_train_step``'s step written per device with ``jax.shard_map`` (manual mode).
+
+    With ``check_vma=True`` (the default), ``jax.grad`` with respect to the replicated
+    (unvarying) parameters sums the k devices' gradients itself. So the step differentiates the
+    global mean loss ``pmean(local loss)``, whose summed gradients are the mean gradient;
+    ``pmean`` of the gradient of the local loss (the ``pmap`` habit) would be k times too large.
+    """
+    if not hasattr(optimizer, "update"):
+        raise TypeError(f"optimizer must be an optax optimizer such as optax.sgd(0.1), "
+                        f"got {optimizer!r}")
+    d2l.check_spec(P(axis_name), mesh)
     loss = loss or d2l.loss_fn
 
     def local_step(params, opt_state, X, y):  # X, y: this device's slice of the batch
-        # Differentiate the *global* mean loss. With check_vma (the default), jax.grad with
-        # respect to the replicated params already sums the per-device gradients: no pmean.
         global_loss = lambda p: lax.pmean(loss(p, X, y), axis_name)
-        loss_value, grads = jax.value_and_grad(global_loss)(params)
+        loss_value, grads = jax.value_and_grad(global_loss)(params)  # the mean gradient
         updates, opt_state = optimizer.update(grads, opt_state, params)
         return optax.apply_updates(params, updates), opt_state, loss_value
     specs = (P(), P(), P(axis_name), P(axis_name))
     return jax.jit(jax.shard_map(local_step, mesh=mesh, in_specs=specs, out_specs=P()))
+
+
+COLLECTIVES = ("all-reduce", "all-gather", "reduce-scatter", "all-to-all", "collective-permute")
+
+
+def count_collectives(hlo_text):
+    """How many of each collective a compiled program (``compiled.as_text()``) runs; the
+    asynchronous ``-start``/``-done`` pairs of GPUs and TPUs count once."""
+    if not isinstance(hlo_text, str):
+        raise TypeError(f"count_collectives reads HLO text, not a {type(hlo_text).__name__}; "
+                        f"pass f.lower(*args).compile().as_text()")
+    counts = dict.fromkeys(COLLECTIVES, 0)
+    for op in re.findall(r"\b(" + "|".join(COLLECTIVES) + r")(?:-start)?\(", hlo_text):
+        counts[op] += 1
+    return counts

@@ -12,6 +12,8 @@ uncaught exception ends the process at once (``initialize_distributed`` installs
 and a worker ends with ``exit_worker(status)``, which does the same for a failure status.
 """
 import errno
+import glob
+import importlib.util
 import math
 import os
 import socket
@@ -64,11 +66,23 @@ def launcher_settings(environ=None):
     return s
 
 
+def _on_cloud_tpu_vm(dev="/dev"):
+    """True on a Cloud TPU VM: the TPU runtime (the ``libtpu`` package) is installed and TPU
+    chips are attached, which Linux shows as the device files ``/dev/accel*`` (TPU v4 and
+    earlier) or ``/dev/vfio/<N>`` (later generations)."""
+    if importlib.util.find_spec("libtpu") is None:
+        return False
+    return bool(glob.glob(os.path.join(dev, "accel*")) or
+                glob.glob(os.path.join(dev, "vfio", "[0-9]*")))
+
+
 def detect_cluster(environ=None):
     """Name the cluster manager that started this process as one of several, or None.
 
     Returns 'slurm' (inside ``srun`` with more than one task), 'ompi' (``mpirun`` with more
-    than one rank), 'k8s' (a pod of an indexed Kubernetes Job) or 'tpu' (a Cloud TPU VM).
+    than one rank), 'k8s' (a pod of an indexed Kubernetes Job) or 'tpu' (a Cloud TPU VM, or a
+    TPU pod on Kubernetes). It reads only environment variables (of ``environ``, default
+    ``os.environ``) and, for Cloud TPU VMs, which device files exist.
     """
     env = os.environ if environ is None else environ
     slurm = ("SLURM_JOB_ID", "SLURM_STEP_NODELIST", "SLURM_NTASKS", "SLURM_PROCID",
@@ -81,11 +95,7 @@ def detect_cluster(environ=None):
         return "k8s"
     if env.get("TPU_WORKER_HOSTNAMES") or env.get("TPU_PROCESS_ADDRESSES"):
         return "tpu"
-    try:  # set by JAX when it imports on a Cloud TPU VM (libtpu present, TPU chips found)
-        from jax._src.cloud_tpu_init import running_in_cloud_tpu_vm
-    except ImportError:
-        running_in_cloud_tpu_vm = False
-    return "tpu" if running_in_cloud_tpu_vm else None
+    return "tpu" if environ is None and _on_cloud_tpu_vm() else None
 
 
 def check_device_counts(devices_per_process=None):

@@ -1,6 +1,9 @@
-"""Input pipelines with Grain: an array data source, a shuffled, batched, per-process sharded
-loader whose position (the iterator state) can be saved and restored with a checkpoint."""
+"""Input pipelines with Grain's dataset API: an array data source, a shuffled, batched,
+per-process sharded pipeline whose position (the iterator state) can be saved and restored with
+a checkpoint, and whose state says which pipeline it belongs to."""
 import grain
+
+import d2l_multi as d2l
 
 
 class ArraySource:
@@ -18,27 +21,70 @@ class ArraySource:
     def __getitem__(self, index):
         return self.X[index], self.y[index]
 
-    def __repr__(self):  # Grain stores it in the iterator state and checks it on restore
+    def __repr__(self):  # part of the pipeline's description, which its states carry
         return (f"ArraySource(X={self.X.dtype}{list(self.X.shape)}, "
                 f"y={self.y.dtype}{list(self.y.shape)})")
 
 
-def grain_loader(source, batch_size, seed=0, num_epochs=None, shard_options=None,
-                 worker_count=0):
-    """A Grain DataLoader over ``source``: reshuffled with ``seed`` every epoch, batches of
-    ``batch_size`` records for this process, which reads only the share of the records that
-    ``shard_options`` gives it (default: ``ShardByJaxProcess``). ``num_epochs=None``: forever."""
+class CheckedIterator(grain.DatasetIterator):
+    """An iterator whose state carries ``description`` and that refuses any other's state."""
+
+    def __init__(self, parent, description):
+        super().__init__(parent)
+        self.description = description
+
+    def __next__(self):
+        return next(self._parent)
+
+    def get_state(self):
+        return {"pipeline": self.description, **self._parent.get_state()}
+
+    def set_state(self, state):
+        if state.get("pipeline") != self.description:
+            raise ValueError(f"the iterator state was saved by the pipeline "
+                             f"{state.get('pipeline')}, not by this one ({self.description})")
+        self._parent.set_state({k: v for k, v in state.items() if k != "pipeline"})
+
+
+class CheckedPipeline(grain.IterDataset):
+    """``parent`` (an IterDataset) whose iterators are ``CheckedIterator``s."""
+
+    def __init__(self, parent, description):
+        super().__init__(parent)
+        self.description = description
+
+    def __iter__(self):
+        return CheckedIterator(self._parent.__iter__(), self.description)
+
+    def __str__(self):
+        return f"CheckedPipeline({self.description})"
+
+
+def grain_loader(source, batch_size, seed=0, num_epochs=None, shard_options=None):
+    """Batches of ``batch_size`` records of ``source`` for this process, reshuffled with
+    ``seed`` every epoch (``num_epochs=None``: forever). Each epoch's order is cut into
+    ``shard_options.shard_count`` shards (default: one per JAX process) by taking every
+    shard_count-th record, and this process reads its own."""
     if shard_options is None:
         shard_options = grain.sharding.ShardByJaxProcess(drop_remainder=True)
-    per_shard = len(source) // shard_options.shard_count
+    count, index = shard_options.shard_count, shard_options.shard_index
+    per_shard = len(source) // count
     if isinstance(batch_size, bool) or not isinstance(batch_size, int) or not (
             1 <= batch_size <= per_shard):
-        raise ValueError(
-            f"batch_size={batch_size!r}, but this process's shard holds {per_shard} records "
-            f"({len(source)} records / {shard_options.shard_count} shards); pass an integer "
-            f"batch size from 1 to {per_shard}")
-    sampler = grain.samplers.IndexSampler(len(source), shuffle=True, seed=seed,
-                                          num_epochs=num_epochs)
-    return grain.DataLoader(data_source=source, sampler=sampler,
-                            operations=[grain.transforms.Batch(batch_size, drop_remainder=True)],
-                            shard_options=shard_options, worker_count=worker_count)
+        raise ValueError(f"batch_size={batch_size!r}, but this process's shard holds {per_shard} "
+                         f"records ({len(source)} records / {count} shards); pass an integer "
+                         f"from 1 to {per_shard}")
+    if isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed < 2**32:
+        raise ValueError(f"seed must be an integer from 0 to 2**32 - 1, got {seed!r}")
+    if num_epochs is not None:
+        d2l.check_positive(num_epochs=num_epochs)
+    stop = len(source) - len(source) % count if shard_options.drop_remainder else None
+    dataset = (grain.MapDataset.source(source)
+               .shuffle(seed=seed)       # a new order every epoch
+               [index:stop:count]        # this process's shard of that order
+               .repeat(num_epochs)
+               .batch(batch_size, drop_remainder=True))
+    # the records are in memory: reading threads would only take turns holding Python's GIL
+    iterable = dataset.to_iter_dataset(grain.ReadOptions(num_threads=0))
+    return CheckedPipeline(iterable, f"{source!r}, seed={seed}, shard {index} of {count}, "
+                                     f"batch_size={batch_size}")

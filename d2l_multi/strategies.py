@@ -1,9 +1,7 @@
 """Parallelism strategies as sharding rules: data parallelism, fully-sharded data parallelism
 (FSDP), tensor parallelism (TP) and their mixes differ only in the rules that map the logical
 axes of ``TransformerLM`` to a 2-D ``('data', 'model')`` mesh; one training step for all of
-them, the collectives each compiles to, and the idle time of a pipeline."""
-import re
-
+them, and the idle time of a pipeline."""
 import jax
 import numpy as np
 from flax import nnx
@@ -62,18 +60,6 @@ def lm_train_step(model, optimizer, X, Y):
         nnx.update((model, optimizer),
                    jax.lax.with_sharding_constraint(state, nnx.get_partition_spec(state)))
     return loss
-
-
-COLLECTIVES = ("all-reduce", "all-gather", "reduce-scatter", "all-to-all", "collective-permute")
-
-
-def count_collectives(hlo_text):
-    """How many of each collective a compiled program (``compiled.as_text()``) runs; the
-    asynchronous ``-start``/``-done`` pairs of GPUs and TPUs count once."""
-    counts = dict.fromkeys(COLLECTIVES, 0)
-    for op in re.findall(r"\b(" + "|".join(COLLECTIVES) + r")(?:-start)?\(", hlo_text):
-        counts[op] += 1
-    return counts
 
 
 def bubble_fraction(num_stages, num_micro):

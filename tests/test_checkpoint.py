@@ -433,6 +433,16 @@ def test_train_steps_never_saves_a_diverged_state(run, tmp_path):
     assert d2l.saved_steps(tmp_path) == []
 
 
+def test_train_steps_saves_a_plain_iterator_s_state_only(run, tmp_path):
+    """Batches from a plain Python iterator: the train state is saved, no data item."""
+    grain_iter = run["loader"]()
+    plain = iter([next(grain_iter) for _ in range(2)])
+    with d2l.checkpoint_manager(tmp_path) as manager:
+        d2l.train_steps(run["state_0"], run["step"], plain, run["mesh"], 2, manager, 2)
+    assert d2l.saved_steps(tmp_path) == [2]
+    assert sorted(p.name for p in (tmp_path / "2").iterdir() if p.is_dir()) == ["state"]
+
+
 def test_check_finite_names_the_arrays():
     d2l.check_finite({"a": np.ones(3), "n": np.arange(3)})
     with pytest.raises(FloatingPointError, match=r"the state holds NaN or infinity in b\.1;"):

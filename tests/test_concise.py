@@ -72,6 +72,37 @@ def test_good_specs_pass_and_shard_replicates_by_default(mesh):
     assert Xs.addressable_shards[0].data.shape == (16 // len(jax.devices()), 2)
 
 
+def test_steps_refuse_what_is_not_an_optax_optimizer(mesh):
+    for make in (d2l.make_train_step, lambda opt: d2l.make_shard_map_step(mesh, opt)):
+        with pytest.raises(TypeError, match=r"optax optimizer such as optax\.sgd\(0\.1\)"):
+            make(0.1)
+
+
+def test_shard_map_step_with_an_axis_the_mesh_lacks(mesh):
+    import optax
+    with pytest.raises(ValueError, match="mesh has only the axes"):
+        d2l.make_shard_map_step(mesh, optax.sgd(0.1), axis_name="batch")
+
+
+def test_count_collectives_reads_hlo_text():
+    hlo = """
+  %all-reduce.1 = f32[10]{0} all-reduce(f32[10]{0} %p), channel_id=1, to_apply=%add
+  %ar = (f32[2]{0}, f32[]) all-reduce(f32[2]{0} %a, f32[] %b), to_apply=%add
+  %all-gather-start = (f32[4]{0}, f32[16]{0}) all-gather-start(f32[4]{0} %w), dimensions={0}
+  %all-gather-done = f32[16]{0} all-gather-done((f32[4]{0}, f32[16]{0}) %all-gather-start)
+  %rs = f32[2]{0} reduce-scatter(f32[16]{0} %g), dimensions={0}, to_apply=%add
+  %add.3 = f32[] add(f32[] %x, f32[] %y)
+"""
+    assert d2l.count_collectives(hlo) == {"all-reduce": 2, "all-gather": 1, "reduce-scatter": 1,
+                                          "all-to-all": 0, "collective-permute": 0}
+
+
+def test_count_collectives_refuses_a_compiled_program():
+    compiled = jax.jit(lambda x: x + 1).lower(1.0).compile()
+    with pytest.raises(TypeError, match=r"not a Compiled; pass .*\.as_text\(\)"):
+        d2l.count_collectives(compiled)
+
+
 def test_importing_d2l_multi_does_not_import_keras():
     """Keras picks its backend on first import: importing d2l_multi must leave that choice open
     (without KERAS_BACKEND, Keras would pick TensorFlow, which is not installed)."""

@@ -134,6 +134,34 @@ def test_detect_cluster():
     assert d2l.detect_cluster({}) is None
 
 
+def test_a_cloud_tpu_vm_is_told_by_libtpu_and_its_device_files(tmp_path, monkeypatch):
+    """No private JAX module: libtpu installed and /dev/accel* or /dev/vfio/N present."""
+    from d2l_multi import distributed
+    import importlib.util
+    find_spec = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec",
+                        lambda name, *a: object() if name == "libtpu" else find_spec(name, *a))
+    assert not distributed._on_cloud_tpu_vm(tmp_path)            # libtpu, but no chips
+    (tmp_path / "vfio").mkdir()
+    (tmp_path / "vfio" / "vfio").touch()                           # the control file only
+    assert not distributed._on_cloud_tpu_vm(tmp_path)
+    (tmp_path / "vfio" / "0").touch()
+    assert distributed._on_cloud_tpu_vm(tmp_path)
+    (tmp_path / "vfio" / "0").unlink()
+    (tmp_path / "accel0").touch()
+    assert distributed._on_cloud_tpu_vm(tmp_path)
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None)
+    assert not distributed._on_cloud_tpu_vm(tmp_path)             # chips, but no runtime
+    assert d2l.detect_cluster() is None                            # this machine
+
+
+def test_no_private_jax_module_is_imported():
+    import d2l_multi
+    root = pathlib.Path(d2l_multi.__file__).parent
+    for path in sorted(root.glob("*.py")):
+        assert "jax._src" not in path.read_text(), f"{path.name} imports from jax._src"
+
+
 def test_alone_is_a_no_op(monkeypatch):
     for name in ["D2L_MULTI_COORDINATOR_ADDRESS", "SLURM_JOB_ID", "OMPI_MCA_orte_hnp_uri",
                  "KUBERNETES_SERVICE_HOST", "TPU_WORKER_HOSTNAMES"]:

@@ -92,25 +92,37 @@ def test_shard_map_step_equals_single_device(lenet_params, batches, single_devic
     assert_trees_close(params, single_device)
 
 
-def test_shard_map_grad_trap_is_num_devices_times_too_large(lenet_params, batches, mesh):
-    """With check_vma, grad w.r.t. replicated params already sums over devices: pmap's
-    'grad, then pmean' gives NUM_DEVICES times the gradient; grad of pmean(loss) is right."""
+GRAD_VARIANTS = {
+    "grad_then_pmean": lambda p, X, y: lax.pmean(jax.grad(d2l.loss_fn)(p, X, y), "data"),
+    "grad_of_pmean": lambda p, X, y: jax.grad(lambda q: lax.pmean(d2l.loss_fn(q, X, y),
+                                                                  "data"))(p),
+}
+
+
+@pytest.mark.parametrize("variant,check_vma,expected", [
+    ("grad_of_pmean", True, "mean"),       # the library's step: right
+    ("grad_then_pmean", True, "k_times"),  # the pmap habit under vma: grad already summed
+    ("grad_then_pmean", False, "mean"),    # pmap semantics: right
+    ("grad_of_pmean", False, "local"),     # each device its own local gradient: replicas differ
+])
+def test_shard_map_gradient_variants(lenet_params, batches, mesh, variant, check_vma, expected):
+    """Inside shard_map, with check_vma=True jax.grad w.r.t. the replicated (unvarying) params
+    sums the devices' gradients; with check_vma=False grad is per device, as in pmap."""
     X, y = batches[0]
-    reference = jax.jit(jax.grad(d2l.loss_fn))(lenet_params, X, y)
-
-    def pmap_habit(params, X, y):
-        return lax.pmean(jax.grad(d2l.loss_fn)(params, X, y), "data")
-
-    def right(params, X, y):
-        return jax.grad(lambda p: lax.pmean(d2l.loss_fn(p, X, y), "data"))(params)
-
-    def run(f):
-        return jax.jit(jax.shard_map(f, mesh=mesh, in_specs=(P(), P("data"), P("data")),
-                                     out_specs=P()))(lenet_params, X, y)
-
-    assert_trees_close(run(right), reference)
-    assert_trees_close(run(pmap_habit), [NUM_DEVICES * g for g in reference],
-                       tol=dict(rtol=1e-5, atol=1e-5))
+    f = GRAD_VARIANTS[variant]
+    stacked = lambda *args: jax.tree.map(lambda g: g[None], f(*args))  # every device's result
+    grads = jax.jit(jax.shard_map(stacked, mesh=mesh, in_specs=(P(), P("data"), P("data")),
+                                  out_specs=P("data"), check_vma=check_vma))(lenet_params, X, y)
+    grad = jax.jit(jax.grad(d2l.loss_fn))
+    mean = grad(lenet_params, X, y)
+    if expected == "local":
+        per_device = zip(np.split(X, NUM_DEVICES), np.split(y, NUM_DEVICES))
+        expect = [np.stack(leaves) for leaves in zip(*(grad(lenet_params, Xd, yd)
+                                                        for Xd, yd in per_device))]
+    else:
+        scale = NUM_DEVICES if expected == "k_times" else 1
+        expect = [np.broadcast_to(scale * g, (NUM_DEVICES, *g.shape)) for g in mean]
+    assert_trees_close(grads, expect, tol=dict(rtol=1e-5, atol=1e-5))
 
 
 # ----- Flax: pmap (apply_model / update_model) vs jit + NamedSharding -----

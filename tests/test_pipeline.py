@@ -1,6 +1,7 @@
-"""Grain pipelines: shuffled epochs, per-process shards that together form the global batch, and
-an iterator state that brings a fresh pipeline (directly or through a checkpoint) to exactly the
-batches the interrupted one would have served next."""
+"""Grain pipelines (the dataset API): shuffled epochs, per-process shards that together form the
+global batch, and an iterator state that brings a fresh pipeline (directly or through a
+checkpoint) to exactly the batches the interrupted one would have served next, and that a
+pipeline built differently refuses."""
 import grain
 import jax
 import numpy as np
@@ -75,10 +76,10 @@ def test_set_state_resumes_with_the_same_batches(source, consumed):
         assert np.array_equal(X, X2) and np.array_equal(y, y2)
 
 
-@pytest.mark.parametrize("api", ["DataLoader", "MapDataset"])
+@pytest.mark.parametrize("api", ["grain_loader", "MapDataset"])
 def test_iterator_saved_with_the_checkpoint_resumes_exactly(source, tmp_path, api):
     def fresh():
-        if api == "DataLoader":
+        if api == "grain_loader":
             return iter(d2l.grain_loader(source, BATCH, seed=0))
         return iter(grain.MapDataset.source(source).shuffle(seed=0).repeat()
                     .to_iter_dataset().batch(BATCH, drop_remainder=True))
@@ -117,6 +118,32 @@ def test_a_loader_built_differently_rejects_the_state(source):
     it = iter(d2l.grain_loader(source, BATCH, seed=0))
     next(it)
     state = it.get_state()
-    other = iter(d2l.grain_loader(source, BATCH, seed=1))
-    with pytest.raises(ValueError, match=r"[Ss]ampler"):
-        other.set_state(state)
+    for pipeline in [d2l.grain_loader(source, BATCH, seed=1), d2l.grain_loader(source, BATCH // 2),
+                     d2l.grain_loader(source, BATCH, shard_options=grain.sharding.ShardOptions(
+                         1, 2, True)),
+                     d2l.grain_loader(d2l.ArraySource(np.arange(N + 1), np.zeros(N + 1)), BATCH)]:
+        other = iter(pipeline)
+        with pytest.raises(ValueError, match=r"saved by the pipeline ArraySource\(X=int64\[48\]"
+                                             r".*seed=0, shard 0 of 1, batch_size=8, not by "
+                                             r"this one \(ArraySource"):
+            other.set_state(state)
+        assert next(other)[0].tolist() == next(iter(pipeline))[0].tolist()  # not moved
+
+
+def test_uneven_shards_drop_the_remainder(source):
+    odd = d2l.ArraySource(np.arange(N + 1), np.zeros(N + 1, np.int32))
+    shards = [sum(records(d2l.grain_loader(odd, BATCH, shard_options=grain.sharding.ShardOptions(
+        i, 2, drop_remainder=True)), 3), []) for i in range(2)]
+    assert len(shards[0]) == len(shards[1]) == 24 and not set(shards[0]) & set(shards[1])
+
+
+@pytest.mark.parametrize("kwargs,message", [
+    (dict(seed=-1), "seed must be an integer from 0 to 2**32 - 1, got -1"),
+    (dict(seed=1.5), "seed must be an integer from 0 to 2**32 - 1, got 1.5"),
+    (dict(num_epochs=0), "num_epochs must be a positive integer, got 0"),
+    (dict(num_epochs=True), "num_epochs must be a positive integer, got True"),
+])
+def test_bad_seeds_and_epochs(source, kwargs, message):
+    with pytest.raises(ValueError) as e:
+        d2l.grain_loader(source, BATCH, **kwargs)
+    assert message in str(e.value)

@@ -138,19 +138,6 @@ def test_fsdp_gathers_the_sharded_weights(steps):
     assert steps["fsdp+tp"]["collectives"]["all-gather"] >= 1
 
 
-def test_count_collectives_reads_hlo_text():
-    hlo = """
-  %all-reduce.1 = f32[10]{0} all-reduce(f32[10]{0} %p), channel_id=1, to_apply=%add
-  %ar = (f32[2]{0}, f32[]) all-reduce(f32[2]{0} %a, f32[] %b), to_apply=%add
-  %all-gather-start = (f32[4]{0}, f32[16]{0}) all-gather-start(f32[4]{0} %w), dimensions={0}
-  %all-gather-done = f32[16]{0} all-gather-done((f32[4]{0}, f32[16]{0}) %all-gather-start)
-  %rs = f32[2]{0} reduce-scatter(f32[16]{0} %g), dimensions={0}, to_apply=%add
-  %add.3 = f32[] add(f32[] %x, f32[] %y)
-"""
-    assert d2l.count_collectives(hlo) == {"all-reduce": 2, "all-gather": 1, "reduce-scatter": 1,
-                                          "all-to-all": 0, "collective-permute": 0}
-
-
 # --- created sharded; restore target ---------------------------------------------------------
 
 def test_created_model_is_sharded_and_no_device_holds_all_of_it(base_model):
@@ -313,7 +300,8 @@ def test_constants_in_the_notebooks_equal_the_library():
     import ast, json, pathlib
     chapters = pathlib.Path(__file__).resolve().parent.parent / "chapters"
     found = set()
-    for nb in ("09a_memory_and_meshes.ipynb", "09b_fsdp_tensor_and_pipeline_parallelism.ipynb"):
+    for nb in ("04a_jit_and_shardings.ipynb", "09a_memory_and_meshes.ipynb",
+               "09b_fsdp_tensor_and_pipeline_parallelism.ipynb"):
         for cell in json.loads((chapters / nb).read_text())["cells"]:
             src = "".join(cell["source"])
             if cell["cell_type"] != "code" or not src.startswith("#@save"):

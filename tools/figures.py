@@ -198,6 +198,126 @@ def lenet():
     save(fig, "lenet")
 
 
+def three_modes():
+    """JAX's three ways to program many devices, on one array of 16 rows over 8 devices."""
+    fig, ax = canvas(8.7, 3.5)
+    modes = [("automatic", "jax.jit + shardings, Auto axes", "the global program",
+              "inputs only; the compiler\npicks the rest", "float32[16,4]",
+              "inserted by the compiler"),
+             ("explicit", "jax.jit, Explicit axes", "the global program",
+              "in every array's type,\nchecked op by op", "float32[16@data,4]",
+              "inserted by the compiler"),
+             ("manual", "jax.shard_map", "the program of one device",
+              "in_specs / out_specs", "float32[2,4]{V:data}", "written by you (psum)")]
+    for m, (name, api, view, shardings, typ, collectives) in enumerate(modes):
+        x = 0.15 + m * 2.9
+        box(ax, x, 0.1, 2.7, 3.3, face="#FAFAFA", edge="#999999")
+        box(ax, x, 2.95, 2.7, 0.45, name, face=DEVICE[m], color="white", weight="bold",
+            size=10)
+        ax.text(x + 1.35, 2.72, api, ha="center", size=8, family="DejaVu Sans Mono")
+        # the array: one block (automatic), one block cut in 8 typed bands (explicit),
+        # 8 separate blocks (manual)
+        for r in range(8):
+            y = 1.62 + (7 - r) * 0.11
+            if m == 0:
+                box(ax, x + 0.25, y, 0.7, 0.11, face=LIGHT[0], edge=LIGHT[0],
+                    style="square,pad=0.0", lw=0.5)
+            elif m == 1:
+                box(ax, x + 0.25, y, 0.7, 0.11, face=LIGHT[r % 2 + 1], edge="#777777",
+                    style="square,pad=0.0", lw=0.5)
+            else:
+                box(ax, x + 0.25 + (r % 2) * 0.38, 1.62 + (3 - r // 2) * 0.22, 0.32, 0.16,
+                    face=LIGHT[2], edge="#777777", style="square,pad=0.0", lw=0.5)
+        ax.text(x + 1.1, 2.06, "you write:\n" + view, size=7.5, va="center")
+        ax.text(x + 0.15, 1.3, "shardings: " + shardings, size=7.5, va="top")
+        ax.text(x + 0.15, 0.78, "type: " + typ, size=7.5, va="top")
+        ax.text(x + 0.15, 0.48, "collectives: " + collectives, size=7.5, va="top")
+    save(fig, "three_modes")
+
+
+def shard_map_grad():
+    """Why grad inside shard_map sums: the replicated w is cast to varying (pvary) where it
+    meets the device's batch; the transpose of that cast is a psum of the gradients."""
+    fig, ax = canvas(8.4, 3.3)
+    ax.text(2.0, 3.05, "forward", ha="center", size=10, weight="bold")
+    ax.text(6.3, 3.05, "backward (jax.grad)", ha="center", size=10, weight="bold")
+    box(ax, 1.0, 2.3, 2.0, 0.45, "w: the same on every device", face=GREY, size=8)
+    box(ax, 5.05, 0.35, 2.5, 0.5, r"$\nabla L_0 + \dots + \nabla L_3$: the same everywhere",
+        face="#FFF2CC", size=8)
+    for d in range(4):
+        x = 0.1 + d * 0.98
+        box(ax, x, 0.95, 0.88, 0.6, f"device {d}\n$L_{d}(w, X_{d})$", face=LIGHT[d], size=7.5)
+        arrow(ax, (2.0, 2.3), (x + 0.44, 1.55), color="#777777", lw=0.9)
+        x2 = 4.4 + d * 0.98
+        box(ax, x2, 1.75, 0.88, 0.6, f"device {d}\n$\\nabla L_{d}$", face=LIGHT[d], size=7.5)
+        arrow(ax, (x2 + 0.44, 1.75), (6.3, 0.85), color="#777777", lw=0.9)
+    ax.text(3.05, 2.0, "pvary\n(inserted by JAX)", ha="left", va="center", size=8,
+            color="#555555")
+    ax.text(4.35, 1.05, "psum, the\ntranspose\nof pvary", ha="left", va="center", size=8,
+            color="#555555")
+    ax.text(2.0, 0.45, "shard_map with check_vma=True (the default):\nw is unvarying, each "
+            "$L_d$ varies over the devices", ha="center", va="center", size=8,
+            color="#555555")
+    save(fig, "shard_map_grad")
+
+
+def ensemble_step():
+    """One training step of a pmap ensemble on k = 4 devices: the batch is replicated, every
+    member updates only its own weights, and only the probabilities are averaged."""
+    fig, ax = canvas(8.4, 4.3)
+    box(ax, 2.75, 3.7, 3.0, 0.42, "mini-batch of B examples", face=GREY, size=9)
+    for d in range(4):
+        x = 0.5 + d * 2.0
+        arrow(ax, (4.25, 3.7), (x + 0.8, 3.25), color="#777777", lw=0.9)
+        box(ax, x, 2.8, 1.6, 0.42, "all B examples", face=DEVICE[d], color="white", size=9)
+        box(ax, x, 1.95, 1.6, 0.6, f"device {d}: member {d}\nweights $w_{d}$", face=LIGHT[d],
+            size=8)
+        arrow(ax, (x + 0.8, 2.8), (x + 0.8, 2.55))
+        box(ax, x + 0.4, 1.05, 1.2, 0.45, f"$w_{d} \\leftarrow w_{d} - \\eta\\, g_{d}$",
+            face=LIGHT[d], size=8)
+        arrow(ax, (x + 1.0, 1.95), (x + 1.0, 1.5), color=DEVICE[d])
+        ax.text(x + 1.07, 1.68, f"$g_{d}$", size=8, color=DEVICE[d])
+        arrow(ax, (x + 0.15, 1.95), (x + 0.15, 0.62))
+        ax.text(x + 0.2, 1.68, f"$p_{d}$", size=8)
+    box(ax, 0.5, 0.2, 7.6, 0.42, r"pmean of the probabilities only: the ensemble predicts "
+        r"$\bar p = \frac{1}{4}(p_0 + p_1 + p_2 + p_3)$", face="#FFF2CC", size=9)
+    ax.text(0.25, 3.0, "replicate", size=8, rotation=90, va="center", color="#555555")
+    ax.text(0.25, 2.25, "compute", size=8, rotation=90, va="center", color="#555555")
+    ax.text(0.25, 1.27, "update", size=8, rotation=90, va="center", color="#555555")
+    save(fig, "ensemble_step")
+
+
+def ensemble_layouts():
+    """Eight members on four devices: impossible for pmap (one per device), natural for a
+    stacked ensemble whose leading 'model' axis is sharded P('model')."""
+    fig, ax = canvas(8.4, 3.7)
+    ax.text(2.0, 3.45, "pmap: one member per device", ha="center", size=10, weight="bold")
+    for d in range(4):
+        y = 2.55 - d * 0.62
+        box(ax, 0.3, y, 1.15, 0.46, f"device {d}", face=DEVICE[d], color="white", size=8)
+        box(ax, 1.7, y, 2.0, 0.46, f"member {d}: $w_{d}$", face=LIGHT[d], size=8)
+        arrow(ax, (1.45, y + 0.23), (1.7, y + 0.23))
+    ax.text(2.0, 0.25, "k devices, k members: the leading axis\nof every array is the device axis",
+            ha="center", size=8, color="#555555")
+    ax.text(6.3, 3.45, "stacked: one array, sharded P('model')", ha="center", size=10,
+            weight="bold")
+    ax.text(5.35, 3.05, "'model' axis of w (8 members)", ha="center", size=8, color="#555555")
+    for m in range(8):
+        d = m // 2
+        y = 2.75 - m * 0.28
+        box(ax, 4.6, y, 1.5, 0.24, f"member {m}", face=LIGHT[d], size=7,
+            style="square,pad=0.0")
+    for d in range(4):
+        y_top, y_bottom = 2.75 - 2 * d * 0.28 + 0.24, 2.75 - (2 * d + 1) * 0.28
+        box(ax, 6.7, (y_top + y_bottom) / 2 - 0.2, 1.2, 0.4, f"device {d}", face=DEVICE[d],
+            color="white", size=8)
+        arrow(ax, (6.15, (y_top + y_bottom) / 2), (6.7, (y_top + y_bottom) / 2),
+              color=DEVICE[d])
+    ax.text(6.3, 0.25, "vmap maps one member's step over the axis;\nthe sharding puts 8 / 4 = 2 "
+            "members on each device", ha="center", size=8, color="#555555")
+    save(fig, "ensemble_layouts")
+
+
 def memory_per_device():
     """What each of 4 devices holds under data parallelism and under FSDP (Adam)."""
     fig, ax = canvas(9.0, 3.5)
@@ -308,66 +428,110 @@ def pipeline_schedules():
     ax.text(5.2, 2.55, "grey: idle (the bubble)", size=7.5, color="#555555")
     save(fig, "pipeline_schedules")
 
-def ensemble_step():
-    """One training step of a pmap ensemble on k = 4 devices: the batch is replicated, every
-    member updates only its own weights, and only the probabilities are averaged."""
-    fig, ax = canvas(8.4, 4.3)
-    box(ax, 2.75, 3.7, 3.0, 0.42, "mini-batch of B examples", face=GREY, size=9)
-    for d in range(4):
-        x = 0.5 + d * 2.0
-        arrow(ax, (4.25, 3.7), (x + 0.8, 3.25), color="#777777", lw=0.9)
-        box(ax, x, 2.8, 1.6, 0.42, "all B examples", face=DEVICE[d], color="white", size=9)
-        box(ax, x, 1.95, 1.6, 0.6, f"device {d}: member {d}\nweights $w_{d}$", face=LIGHT[d],
-            size=8)
-        arrow(ax, (x + 0.8, 2.8), (x + 0.8, 2.55))
-        box(ax, x + 0.4, 1.05, 1.2, 0.45, f"$w_{d} \\leftarrow w_{d} - \\eta\\, g_{d}$",
-            face=LIGHT[d], size=8)
-        arrow(ax, (x + 1.0, 1.95), (x + 1.0, 1.5), color=DEVICE[d])
-        ax.text(x + 1.07, 1.68, f"$g_{d}$", size=8, color=DEVICE[d])
-        arrow(ax, (x + 0.15, 1.95), (x + 0.15, 0.62))
-        ax.text(x + 0.2, 1.68, f"$p_{d}$", size=8)
-    box(ax, 0.5, 0.2, 7.6, 0.42, r"pmean of the probabilities only: the ensemble predicts "
-        r"$\bar p = \frac{1}{4}(p_0 + p_1 + p_2 + p_3)$", face="#FFF2CC", size=9)
-    ax.text(0.25, 3.0, "replicate", size=8, rotation=90, va="center", color="#555555")
-    ax.text(0.25, 2.25, "compute", size=8, rotation=90, va="center", color="#555555")
-    ax.text(0.25, 1.27, "update", size=8, rotation=90, va="center", color="#555555")
-    save(fig, "ensemble_step")
-
-
-def ensemble_layouts():
-    """Eight members on four devices: impossible for pmap (one per device), natural for a
-    stacked ensemble whose leading 'model' axis is sharded P('model')."""
-    fig, ax = canvas(8.4, 3.7)
-    ax.text(2.0, 3.45, "pmap: one member per device", ha="center", size=10, weight="bold")
-    for d in range(4):
-        y = 2.55 - d * 0.62
-        box(ax, 0.3, y, 1.15, 0.46, f"device {d}", face=DEVICE[d], color="white", size=8)
-        box(ax, 1.7, y, 2.0, 0.46, f"member {d}: $w_{d}$", face=LIGHT[d], size=8)
-        arrow(ax, (1.45, y + 0.23), (1.7, y + 0.23))
-    ax.text(2.0, 0.25, "k devices, k members: the leading axis\nof every array is the device axis",
-            ha="center", size=8, color="#555555")
-    ax.text(6.3, 3.45, "stacked: one array, sharded P('model')", ha="center", size=10,
-            weight="bold")
-    ax.text(5.35, 3.05, "'model' axis of w (8 members)", ha="center", size=8, color="#555555")
-    for m in range(8):
-        d = m // 2
-        y = 2.75 - m * 0.28
-        box(ax, 4.6, y, 1.5, 0.24, f"member {m}", face=LIGHT[d], size=7,
-            style="square,pad=0.0")
-    for d in range(4):
-        y_top, y_bottom = 2.75 - 2 * d * 0.28 + 0.24, 2.75 - (2 * d + 1) * 0.28
-        box(ax, 6.7, (y_top + y_bottom) / 2 - 0.2, 1.2, 0.4, f"device {d}", face=DEVICE[d],
-            color="white", size=8)
-        arrow(ax, (6.15, (y_top + y_bottom) / 2), (6.7, (y_top + y_bottom) / 2),
-              color=DEVICE[d])
-    ax.text(6.3, 0.25, "vmap maps one member's step over the axis;\nthe sharding puts 8 / 4 = 2 "
-            "members on each device", ha="center", size=8, color="#555555")
-    save(fig, "ensemble_layouts")
-
 
 FIGURES = [lenet, split_network, split_layers, split_data, data_parallel_step, ring_allreduce,
-           gather_to_one, ensemble_step, ensemble_layouts, memory_per_device, megatron_mlp,
-           pipeline_schedules]
+           gather_to_one, three_modes, shard_map_grad, ensemble_step, ensemble_layouts,
+           memory_per_device, megatron_mlp, pipeline_schedules]
+
+def checkpoint_layout():
+    """An Orbax checkpoint folder: one folder per finished step, one per item, and the step
+    being written under a temporary name until its rename commits it."""
+    fig, ax = canvas(8.6, 3.9)
+    rows = [(0, "run/", "the folder given to the CheckpointManager", INK),
+            (1, "16/", "a finished step (max_to_keep: the oldest ones are deleted)", INK),
+            (1, "24/", "the latest finished step: what a restore reads", INK),
+            (2, "_CHECKPOINT_METADATA", "when and how the step was saved", "#555555"),
+            (2, "state/", "item 'state': the train state (ocp.args.StandardSave)", DEVICE[0]),
+            (3, "_METADATA", "tree, shapes, dtypes and shardings of the arrays", "#555555"),
+            (3, "manifest.ocdbt", "index of the chunk database", "#555555"),
+            (3, "ocdbt.process_0/", "array chunks, written by process 0's devices", "#555555"),
+            (2, "data/", "item 'data': a Grain iterator's position (next notebook)", DEVICE[2]),
+            (1, "32.orbax-checkpoint-tmp-…/", "being written: ignored until renamed to 32/",
+             DEVICE[3])]
+    for i, (depth, name, note, color) in enumerate(rows):
+        y = 3.6 - i * 0.36
+        x = 0.25 + depth * 0.35
+        if depth:
+            ax.plot([x - 0.22, x - 0.22, x - 0.05], [y + 0.3, y, y], color="#999999", lw=0.8)
+        ax.text(x, y, name, va="center", size=9, color=color,
+                weight="bold" if name.endswith("/") else "normal")
+        ax.text(3.75, y, note, va="center", size=8, color="#444444")
+    save(fig, "checkpoint_layout")
+
+
+def grain_pipeline():
+    """A Grain pipeline and how two processes share every shuffled epoch."""
+    fig, ax = canvas(8.6, 3.6)
+    stages = ["ArraySource\nlen, [i]", "MapDataset\n.source", ".shuffle(seed)\nevery epoch anew",
+              "[p::P]\nprocess p's shard", ".repeat()", ".batch(b)", "iterator\nget_state()"]
+    for i, text in enumerate(stages):
+        x = 0.1 + i * 1.21
+        box(ax, x, 2.7, 1.05, 0.65, text, face=LIGHT[0] if i < 6 else "#FFF2CC", size=7.5)
+        if i:
+            arrow(ax, (x - 0.16, 3.02), (x, 3.02))
+    ax.text(0.1, 2.25, "one shuffled epoch (record numbers), read by P = 2 processes:", size=8.5)
+    order = [37, 4, 10, 45, 39, 22, 27, 9, 31, 12, 2, 40, 18, 7, 25, 33]
+    for i, r in enumerate(order):
+        box(ax, 0.1 + i * 0.52, 1.6, 0.46, 0.42, str(r), face=LIGHT[i % 2], size=8,
+            style="square,pad=0.0")
+    for p in range(2):
+        ax.text(0.1, 1.05 - p * 0.5, f"process {p}, batch of b = 4:", size=8.5, color=DEVICE[p],
+                va="center")
+        for j in range(4):
+            box(ax, 2.35 + j * 0.52, 0.84 - p * 0.5, 0.46, 0.42, str(order[2 * j + p]),
+                face=DEVICE[p], color="white", size=8, style="square,pad=0.0")
+    ax.text(4.6, 0.8, "together: the global batch of 8\n(the first 8 records of the epoch),\n"
+            "no record read twice, none skipped", size=8.5, va="center")
+    save(fig, "grain_pipeline")
+
+
+def processes_and_devices():
+    """Two processes with four devices each: local rows become one global batch."""
+    fig, ax = canvas(8.6, 3.9)
+    for p in range(2):
+        x0 = 0.15 + p * 4.3
+        box(ax, x0, 0.3, 4.0, 3.1, "", face="#F7F7F7", edge="#999999")
+        ax.text(x0 + 0.12, 3.2, f"process {p}  (jax.process_index() = {p})", size=9,
+                weight="bold", color=DEVICE[p], va="center")
+        box(ax, x0 + 0.3, 2.35, 3.4, 0.5, f"local batch: rows {128 * p}-{128 * p + 127} of 256"
+            f"\n(loaded by this process only)", face=LIGHT[p], size=8)
+        for d in range(4):
+            dx = x0 + 0.3 + d * 0.86
+            box(ax, dx, 0.95, 0.75, 0.75, f"device\n{4 * p + d}\nrows\n{128 * p + 32 * d}-"
+                f"{128 * p + 32 * d + 31}", face=DEVICE[p], color="white", size=6.5)
+            arrow(ax, (x0 + 2.0, 2.35), (dx + 0.37, 1.7), color="#777777", lw=0.7)
+        ax.text(x0 + 2.0, 0.55, "its 4 local (addressable) devices", ha="center", size=8,
+                color="#555555")
+    ax.text(4.3, 0.05, "jax.make_array_from_process_local_data: one global array of 256 rows "
+            "over all 8 devices;\nno process holds all of it, and a jitted step's allreduce "
+            "crosses the processes", ha="center", size=8)
+    save(fig, "processes_and_devices")
+
+
+def resume_timeline():
+    """Checkpoints every few global steps, a crash, and the resumed run."""
+    fig, ax = canvas(8.6, 2.6)
+    x = lambda step: 0.4 + step * 0.62   # noqa: E731
+    ax.plot([x(0), x(12)], [1.7, 1.7], color=INK, lw=1)
+    for step in range(13):
+        ax.plot([x(step), x(step)], [1.64, 1.76], color=INK, lw=0.8)
+        ax.text(x(step), 1.45, str(step), ha="center", size=8)
+    for step in (3, 6):
+        box(ax, x(step) - 0.17, 1.9, 0.34, 0.3, "", face=DEVICE[2], style="square,pad=0.0")
+    ax.text(x(4.5), 2.38, "checkpoints (--save-every 3)", ha="center", size=8, color=DEVICE[2])
+    ax.plot([x(8)], [1.7], marker="x", color=DEVICE[3], ms=12, mew=2.5)
+    ax.text(x(8), 2.05, "p1 killed\n(--crash-at-step 8)", ha="center", size=8, color=DEVICE[3])
+    ax.plot([x(6), x(8)], [1.15, 1.15], color=DEVICE[3], lw=3, alpha=0.5)
+    ax.text(x(7), 0.9, "steps 7-8 lost", ha="center", size=8, color=DEVICE[3])
+    arrow(ax, (x(6), 0.55), (x(12), 0.55), color=DEVICE[0], lw=1.6)
+    ax.text(x(6) - 0.1, 0.55, "--resume: restore step 6, recompute 7-8, go on", ha="right",
+            va="center", size=8, color=DEVICE[0])
+    ax.text(x(12), 0.25, "global step: epoch = step // steps_per_epoch, batch = step % "
+            "steps_per_epoch", ha="right", size=8, color="#555555")
+    save(fig, "resume_timeline")
+
+
+FIGURES += [checkpoint_layout, grain_pipeline, processes_and_devices, resume_timeline]
 
 if __name__ == "__main__":
     wanted = sys.argv[1:]
