@@ -39,7 +39,8 @@ _MODULES = {  # module: the public names it holds, in the chapter's order
     # ensembles
     "ensemble": ["apply_ensemble", "check_ensemble_size", "create_ensemble_state",
                  "create_stacked_ensemble", "ensemble_num_correct", "evaluate_ensemble",
-                 "map_members", "member_num_correct", "member_step", "stacked_train_step"],
+                 "evaluate_stacked", "map_members", "member_num_correct", "member_step",
+                 "stacked_train_step", "train_ensemble", "train_stacked"],
     # memory and meshes
     "memory": ["OPTIMIZER_STATE_COPIES", "count_params", "saved_activation_bytes",
                "training_memory", "transformer_footprint"],

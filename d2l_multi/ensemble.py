@@ -1,17 +1,21 @@
-"""Ensembles, one model per device: Flax's ensembling recipe with ``pmap`` (every device
-initialises and trains a different CNN on the same batches; the members' softmax probabilities
-are averaged with ``lax.pmean``) and its modern twin, a stacked ensemble (a leading 'model' axis
-on every array) made with ``jax.vmap``, laid out over a mesh's 'model' axis, run under ``jit``."""
+"""Ensembles, one model per device (notebook 08a): Flax's ensembling recipe with ``pmap`` (every
+device initialises and trains a different CNN on the same batches; the members' softmax
+probabilities are averaged with ``lax.pmean``). Stacked ensembles (notebook 08b): the same
+members as one pytree with a leading 'model' axis, made and trained with ``jax.vmap`` under
+``jit``, laid out over a mesh's 'model' axis, and placed member by member with ``shard_map``."""
 import functools
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from flax import jax_utils
 from jax import lax
 from jax.sharding import NamedSharding, PartitionSpec as P
 
 import d2l_multi as d2l
 
+
+# ----- notebook 08a: one model per device, with pmap -----
 
 def check_ensemble_size(num_members, num_devices, one_per_device=False):
     """Raise a ValueError naming the fix unless ``num_members`` models fit ``num_devices``:
@@ -72,11 +76,46 @@ def ensemble_num_correct(state, images, labels):
     return member_num_correct(state, images, labels, axis_name="ensemble")
 
 
+def evaluate_ensemble(state, data_iter):
+    """Test accuracy of every member of a pmap ensemble (an array) and of the ensemble."""
+    members, ensemble, n = 0, 0, 0
+    for X, y in data_iter:
+        correct = ensemble_num_correct(state, *jax_utils.replicate((X, y)))
+        members_correct, ensemble_correct = jax.device_get(correct)
+        members += members_correct
+        ensemble += jax_utils.unreplicate(ensemble_correct)  # equal on every device
+        n += len(y)
+    return members / n, float(ensemble / n)
+
+
+def train_ensemble(state, data, num_epochs):
+    """Flax's ensemble loop: every batch replicated to all members, the ensemble's accuracy
+    unreplicated; after each epoch, the test accuracy of the members and of the ensemble."""
+    d2l.check_positive(num_epochs=num_epochs)
+    animator = d2l.Animator(xlabel="epoch", ylabel="test accuracy", xlim=[1, num_epochs],
+                            legend=["mean member", "ensemble"])
+    for epoch in range(d2l.shrink(num_epochs, 1)):  # shrink: 1 epoch in quick test runs
+        losses, accuracies = [], []
+        for X, y in data.get_dataloader(True, drop_last=True):
+            grads, loss, accuracy = apply_ensemble(state, *jax_utils.replicate((X, y)))
+            state = d2l.update_model(state, grads)
+            losses.append(loss)                                # one per member
+            accuracies.append(jax_utils.unreplicate(accuracy))  # the same on every device
+        members, ensemble = evaluate_ensemble(state, data.get_dataloader(False))
+        animator.add(epoch + 1, (members.mean(), ensemble))
+        print(f"epoch {epoch + 1}: train loss per member {np.mean(losses, 0).round(3)}, "
+              f"ensemble train acc {np.mean(accuracies):.3f}; test acc: mean member "
+              f"{members.mean():.3f}, ensemble {ensemble:.3f}")
+    return state, members, ensemble
+
+
+# ----- notebook 08b: stacked ensembles, vmap under jit -----
+
 def create_stacked_ensemble(rngs, learning_rate, momentum, mesh):
     """The twin of ``create_ensemble_state``: ``create_train_state`` vmapped over the keys under
     ``jit``; every array gets a leading 'model' axis, sharded over the mesh axis 'model'."""
     d2l.check_spec(P("model"), mesh)
-    check_ensemble_size(len(rngs), mesh.shape["model"])
+    d2l.check_ensemble_size(len(rngs), mesh.shape["model"])
     create = jax.vmap(d2l.create_train_state, in_axes=(0, None, None))
     create = jax.jit(create, static_argnums=(1, 2),
                      out_shardings=NamedSharding(mesh, P("model")))
@@ -106,6 +145,8 @@ def map_members(member_fn, mesh):
     """``jit(shard_map(vmap(member_fn)))`` for a stacked ensemble sharded ``P('model')`` over
     ``mesh``: every device maps ``member_fn`` over its own members only, on the whole batch.
     ``axis_name=('model', 'member')`` (devices, then members on a device) names all members."""
+    d2l.check_spec(P("model"), mesh)
+
     def local(state, images, labels):  # state: this device's members
         fn = functools.partial(member_fn, images=images, labels=labels,
                                axis_name=("model", "member"))
@@ -114,16 +155,32 @@ def map_members(member_fn, mesh):
                                  out_specs=P("model"), check_vma=False))
 
 
-def evaluate_ensemble(state, data_iter, mesh=None):
-    """Test accuracy of every member and of the ensemble. ``mesh=None``: a pmap ensemble, each
-    batch replicated to the devices; else a stacked ensemble, each batch replicated on ``mesh``."""
+def evaluate_stacked(state, data_iter, mesh):
+    """Test accuracy of every member of a stacked ensemble (an array) and of the ensemble; each
+    batch is replicated on ``mesh`` and every device evaluates its own members."""
+    count = map_members(d2l.member_num_correct, mesh)
     members, ensemble, n = 0, 0, 0
     for X, y in data_iter:
-        if mesh is None:
-            correct = ensemble_num_correct(state, *jax_utils.replicate((X, y)))
-        else:
-            correct = map_members(member_num_correct, mesh)(state, *d2l.shard((X, y), mesh))
-        members_correct, ensemble_correct = jax.device_get(correct)  # waits: a short queue
-        members, ensemble = members + members_correct, ensemble + ensemble_correct[0]
+        correct = count(state, *d2l.shard((X, y), mesh))
+        members_correct, ensemble_correct = jax.device_get(correct)
+        members += members_correct
+        ensemble += ensemble_correct[0]  # equal for every member
         n += len(y)
     return members / n, float(ensemble / n)
+
+
+def train_stacked(state, data, num_epochs, mesh):
+    """The loop of ``train_ensemble`` for a stacked ensemble on ``mesh``: one
+    ``map_members(member_step, mesh)`` step per batch, the batch replicated on the mesh."""
+    d2l.check_positive(num_epochs=num_epochs)
+    step = map_members(member_step, mesh)
+    animator = d2l.Animator(xlabel="epoch", ylabel="test accuracy", xlim=[1, num_epochs],
+                            legend=["mean member", "ensemble"])
+    for epoch in range(d2l.shrink(num_epochs, 1)):  # shrink: 1 epoch in quick test runs
+        for X, y in data.get_dataloader(True, drop_last=True):
+            state, loss, accuracy = step(state, *d2l.shard((X, y), mesh))
+        members, ensemble = evaluate_stacked(state, data.get_dataloader(False), mesh)
+        animator.add(epoch + 1, (members.mean(), ensemble))
+        print(f"epoch {epoch + 1}: test acc: mean member {members.mean():.3f}, "
+              f"ensemble {ensemble:.3f}")
+    return state, members, ensemble

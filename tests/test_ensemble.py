@@ -1,6 +1,9 @@
-"""Ensembles (notebook 07): the pmap recipe and the stacked (vmap + NamedSharding) twin train the
-same members to the same parameters; the members really differ; the ensemble's accuracy is the
-accuracy of the members' averaged probabilities; bad ensemble sizes fail with the fix.
+"""Ensembles (notebooks 08a and 08b): the pmap recipe and the stacked (vmap + NamedSharding) twin
+train the same members to the same parameters; the members really differ and train
+independently (only probabilities are shared); the ensemble's accuracy is the accuracy of the
+members' averaged probabilities, also with several members per device; map_members keeps every
+member on its device (one member's FLOPs per device, no all-gather); the training loops of both
+notebooks agree; bad ensemble sizes and meshes fail with the fix.
 
 Tolerance: ``allclose(rtol=1e-5, atol=1e-6)`` on the whole train state (float32; the twin
 computes every member's step with the same operations, batched differently).
@@ -104,12 +107,18 @@ def test_stacked_twin_equals_pmap_after_k_steps(twin, stacked_initial, batches, 
                   - np.asarray(pmap_run[0].params["Dense_1"]["kernel"])).max() > 1e-3
 
 
-def test_two_members_per_device_train_like_one(keys, batches, pmap_run):
+@pytest.fixture(scope="module")
+def sixteen_initial(keys):
+    """16 members on the 8-device 'model' mesh, two per device; the first 8 from ``keys``."""
+    keys16 = jax.numpy.concatenate([keys, jax.random.split(jax.random.key(1), NUM_DEVICES)])
+    return d2l.create_stacked_ensemble(keys16, LR, MOMENTUM, model_mesh())
+
+
+def test_two_members_per_device_train_like_one(sixteen_initial, batches, pmap_run):
     """16 members on 8 devices: each member's trajectory is its own, so the 8 members created
     from the pmap run's keys end where the pmap run's members ended."""
     mesh = model_mesh()
-    keys16 = jax.numpy.concatenate([keys, jax.random.split(jax.random.key(1), NUM_DEVICES)])
-    state = d2l.create_stacked_ensemble(keys16, LR, MOMENTUM, mesh)
+    state = sixteen_initial
     assert state.params["Conv_0"]["kernel"].addressable_shards[0].data.shape[0] == 2
     step = d2l.map_members(d2l.member_step, mesh)
     for X, y in batches:
@@ -135,12 +144,12 @@ def test_apply_ensemble_accuracy_is_that_of_averaged_probabilities(pmap_run):
     assert not np.all(members == 0.75)  # the members predict otherwise: the test can tell
     _, _, accuracy = d2l.apply_ensemble(state, *jax_utils.replicate((X, labels)))
     np.testing.assert_allclose(np.asarray(accuracy), np.full(NUM_DEVICES, ensemble))
-    # evaluate_ensemble, over two batches, on both paths
+    # evaluate_ensemble (pmap) and evaluate_stacked (shard_map), over two batches
     batches = [(X[:16], labels[:16]), (X[16:], labels[16:])]
-    for mesh, tree in [(None, state), (model_mesh(), None)]:
-        if mesh is not None:
-            tree = d2l.shard(state, mesh, P("model"))
-        member_acc, ensemble_acc = d2l.evaluate_ensemble(tree, batches, mesh)
+    mesh = model_mesh()
+    for member_acc, ensemble_acc in [
+            d2l.evaluate_ensemble(state, batches),
+            d2l.evaluate_stacked(d2l.shard(state, mesh, P("model")), batches, mesh)]:
         np.testing.assert_allclose(member_acc, members)
         assert ensemble_acc == pytest.approx(ensemble)
 
@@ -191,4 +200,90 @@ def test_stacked_ensemble_needs_a_model_axis():
     with pytest.raises(ValueError) as e:
         d2l.create_stacked_ensemble(jax.random.split(jax.random.key(0), 8), LR, MOMENTUM,
                                     d2l.device_mesh())
+    assert "'model'" in str(e.value) and "('data',)" in str(e.value)
+
+
+def test_members_train_independently(keys, batches, pmap_run):
+    """Only the probabilities cross between devices: member m after K steps of the ensemble is
+    member m after K steps of one model trained alone on one device (d2l.jit_train_step)."""
+    initial, pmapped, metrics = pmap_run
+    host = jax.device_get(initial)
+    for m in (0, NUM_DEVICES - 1):
+        alone = jax.tree.map(lambda a: a[m], host)
+        for (X, y), (loss, _) in zip(batches, metrics):
+            alone, alone_loss, _ = d2l.jit_train_step(alone, X, y)
+            np.testing.assert_allclose(float(alone_loss), loss[m], **TOL)
+        assert_trees_close(alone.params, jax.tree.map(lambda a: np.asarray(a)[m],
+                                                      pmapped.params))
+
+
+def test_evaluate_stacked_averages_all_members_with_two_per_device(sixteen_initial):
+    """16 members on 8 devices: the ensemble averages over ('model', 'member'), all 16."""
+    mesh, state = model_mesh(), sixteen_initial
+    X = np.random.default_rng(4).random((24, 28, 28, 1), dtype=np.float32)
+    probs = member_probs(state, X)
+    labels = probs.mean(0).argmax(-1).astype(np.int32)   # the ensemble is always right
+    members, ensemble = d2l.evaluate_stacked(state, [(X, labels)], mesh)
+    assert ensemble == 1.0
+    np.testing.assert_allclose(members, (probs.argmax(-1) == labels).mean(1))
+    # the test can tell: averaging over 'model' alone would give each member the average of
+    # the even or of the odd members (one per device), which disagrees with all 16 somewhere
+    assert not np.all(probs[::2].mean(0).argmax(-1) == labels) or not np.all(
+        probs[1::2].mean(0).argmax(-1) == labels)
+
+
+def test_map_members_keeps_every_member_on_its_device(stacked_initial, batches):
+    """The compiled shard_map(vmap) step computes one member's FLOPs per device and gathers
+    nothing; whatever the compiler does with jit(vmap), this placement is explicit."""
+    mesh = model_mesh()
+    X, y = batches[0]
+    compiled = d2l.map_members(d2l.member_step, mesh).lower(
+        stacked_initial, *d2l.shard((X, y), mesh)).compile()
+    one = jax.tree.map(lambda a: np.asarray(a)[0], jax.device_get(stacked_initial))
+    one_flops = d2l.jit_train_step.lower(one, X, y).compile().cost_analysis()["flops"]
+    ratio = compiled.cost_analysis()["flops"] / one_flops
+    assert 0.9 < ratio < 1.1, ratio
+    counts = d2l.count_collectives(compiled.as_text())
+    assert counts["all-gather"] == 0 and counts["all-reduce"] >= 1, counts
+
+
+class TinyData:
+    """Two training batches and one test batch of random images, like d2l.FashionMNIST."""
+
+    def __init__(self, batches):
+        self.train_batches, self.test_batch = batches[:2], batches[2]
+
+    def get_dataloader(self, train, batch_size=None, drop_last=False):
+        return list(self.train_batches) if train else [self.test_batch]
+
+
+def test_train_ensemble_and_train_stacked_agree(monkeypatch, stacked_initial, batches,
+                                                pmap_run):
+    """Notebook 08a's loop (pmap) and 08b's (shard_map) from the same members on the same
+    batches: the same members, the same test accuracies. With the smoke switch on, 2 epochs
+    shrink to 1 (2 steps)."""
+    monkeypatch.setenv(d2l.SMOKE_ENV, "1")
+    data, mesh = TinyData(batches), model_mesh()
+    state_p, members_p, ensemble_p = d2l.train_ensemble(pmap_run[0], data, num_epochs=2)
+    state_s, members_s, ensemble_s = d2l.train_stacked(stacked_initial, data, num_epochs=2,
+                                                       mesh=mesh)
+    assert int(np.asarray(state_p.step)[0]) == int(np.asarray(state_s.step)[0]) == 2
+    assert_trees_close(jax.tree.leaves(state_p), jax.tree.leaves(state_s))
+    assert members_p.shape == members_s.shape == (NUM_DEVICES,)
+    np.testing.assert_allclose(members_p, members_s)
+    assert ensemble_p == pytest.approx(ensemble_s) and 0 <= ensemble_p <= 1
+
+
+@pytest.mark.parametrize("bad", [0, -1, float("nan")])
+def test_training_loops_need_a_positive_number_of_epochs(bad, pmap_run, stacked_initial):
+    data = TinyData([None, None, None])
+    with pytest.raises(ValueError, match="num_epochs"):
+        d2l.train_ensemble(pmap_run[0], data, num_epochs=bad)
+    with pytest.raises(ValueError, match="num_epochs"):
+        d2l.train_stacked(stacked_initial, data, num_epochs=bad, mesh=model_mesh())
+
+
+def test_map_members_needs_a_model_axis():
+    with pytest.raises(ValueError) as e:
+        d2l.map_members(d2l.member_step, d2l.device_mesh())
     assert "'model'" in str(e.value) and "('data',)" in str(e.value)

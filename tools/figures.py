@@ -321,6 +321,63 @@ def resnet18():
     save(fig, "resnet18")
 
 
+def ensemble_step():
+    """One training step of a pmap ensemble on k = 4 devices: the batch is replicated, every
+    member updates only its own weights, and only the probabilities are averaged."""
+    fig, ax = canvas(8.4, 4.3)
+    box(ax, 2.75, 3.7, 3.0, 0.42, "mini-batch of B examples", face=GREY, size=9)
+    for d in range(4):
+        x = 0.5 + d * 2.0
+        arrow(ax, (4.25, 3.7), (x + 0.8, 3.25), color="#777777", lw=0.9)
+        box(ax, x, 2.8, 1.6, 0.42, "all B examples", face=DEVICE[d], color="white", size=9)
+        box(ax, x, 1.95, 1.6, 0.6, f"device {d}: member {d}\nweights $w_{d}$", face=LIGHT[d],
+            size=8)
+        arrow(ax, (x + 0.8, 2.8), (x + 0.8, 2.55))
+        box(ax, x + 0.4, 1.05, 1.2, 0.45, f"$w_{d} \\leftarrow w_{d} - \\eta\\, g_{d}$",
+            face=LIGHT[d], size=8)
+        arrow(ax, (x + 1.0, 1.95), (x + 1.0, 1.5), color=DEVICE[d])
+        ax.text(x + 1.07, 1.68, f"$g_{d}$", size=8, color=DEVICE[d])
+        arrow(ax, (x + 0.15, 1.95), (x + 0.15, 0.62))
+        ax.text(x + 0.2, 1.68, f"$p_{d}$", size=8)
+    box(ax, 0.5, 0.2, 7.6, 0.42, r"pmean of the probabilities only: the ensemble predicts "
+        r"$\bar p = \frac{1}{4}(p_0 + p_1 + p_2 + p_3)$", face="#FFF2CC", size=9)
+    ax.text(0.25, 3.0, "replicate", size=8, rotation=90, va="center", color="#555555")
+    ax.text(0.25, 2.25, "compute", size=8, rotation=90, va="center", color="#555555")
+    ax.text(0.25, 1.27, "update", size=8, rotation=90, va="center", color="#555555")
+    save(fig, "ensemble_step")
+
+
+def ensemble_layouts():
+    """Eight members on four devices: impossible for pmap (one per device), natural for a
+    stacked ensemble whose leading 'model' axis is sharded P('model')."""
+    fig, ax = canvas(8.4, 3.7)
+    ax.text(2.0, 3.45, "pmap: one member per device", ha="center", size=10, weight="bold")
+    for d in range(4):
+        y = 2.55 - d * 0.62
+        box(ax, 0.3, y, 1.15, 0.46, f"device {d}", face=DEVICE[d], color="white", size=8)
+        box(ax, 1.7, y, 2.0, 0.46, f"member {d}: $w_{d}$", face=LIGHT[d], size=8)
+        arrow(ax, (1.45, y + 0.23), (1.7, y + 0.23))
+    ax.text(2.0, 0.25, "k devices, k members: the leading axis\nof every array is the device axis",
+            ha="center", size=8, color="#555555")
+    ax.text(6.3, 3.45, "stacked: one array, sharded P('model')", ha="center", size=10,
+            weight="bold")
+    ax.text(5.35, 3.05, "'model' axis of w (8 members)", ha="center", size=8, color="#555555")
+    for m in range(8):
+        d = m // 2
+        y = 2.75 - m * 0.28
+        box(ax, 4.6, y, 1.5, 0.24, f"member {m}", face=LIGHT[d], size=7,
+            style="square,pad=0.0")
+    for d in range(4):
+        y_top, y_bottom = 2.75 - 2 * d * 0.28 + 0.24, 2.75 - (2 * d + 1) * 0.28
+        box(ax, 6.7, (y_top + y_bottom) / 2 - 0.2, 1.2, 0.4, f"device {d}", face=DEVICE[d],
+            color="white", size=8)
+        arrow(ax, (6.15, (y_top + y_bottom) / 2), (6.7, (y_top + y_bottom) / 2),
+              color=DEVICE[d])
+    ax.text(6.3, 0.25, "vmap maps one member's step over the axis;\nthe sharding puts 8 / 4 = 2 "
+            "members on each device", ha="center", size=8, color="#555555")
+    save(fig, "ensemble_layouts")
+
+
 def memory_per_device():
     """What each of 4 devices holds under data parallelism and under FSDP (Adam)."""
     fig, ax = canvas(9.0, 3.5)
@@ -434,8 +491,7 @@ def pipeline_schedules():
 
 FIGURES = [lenet, split_network, split_layers, split_data, data_parallel_step, ring_allreduce,
            gather_to_one, three_modes, shard_map_grad, flax_two_paths, resnet18,
-           memory_per_device, megatron_mlp,
-           pipeline_schedules]
+           ensemble_step, ensemble_layouts, memory_per_device, megatron_mlp, pipeline_schedules]
 
 def checkpoint_layout():
     """An Orbax checkpoint folder: one folder per finished step, one per item, and the step
