@@ -62,7 +62,7 @@ def stacked_initial(keys):
 def member_probs(state, X):
     """Every member's softmax probabilities, shape (members, images, classes), via NumPy."""
     host = jax.device_get(state)
-    forward = jax.jit(lambda params, X: d2l.CNN().apply({"params": params}, X))
+    forward = jax.jit(lambda params, X: d2l.LinenCNN().apply({"params": params}, X))
     logits = np.stack([np.asarray(forward(jax.tree.map(lambda a: a[m], host.params), X))
                        for m in range(len(host.step))]).astype(np.float64)
     e = np.exp(logits - logits.max(-1, keepdims=True))
