@@ -1,4 +1,4 @@
-"""``python -m d2l_multi benchmark [lenet | collectives | predict] [options]``: measurements
+"""``python -m d2l_multi benchmark [lenet | collectives | predict | models] [options]``: measurements
 behind docs/benchmarks.md. Each prints the machine (CPU, cores, load, OS, versions, devices).
 
 lenet (the default)  One Fashion-MNIST epoch of LeNet (batch 256, 234 steps; ``--steps`` times
@@ -11,6 +11,9 @@ collectives          psum, all_gather, psum_scatter and ppermute on 2, 4 and 8 d
                      definitions), and the alpha-beta fit of each (notebook 07).
 predict              LeNet's data-parallel step (jit + shardings, global batch fixed) measured
                      on 1, 2, 4, 8 devices next to the cost model's prediction (notebook 07).
+models               One SGD step of LeNet and of ResNet-18 on one device of each kind the
+                     machine has (its CPU as one device, and its first GPU or TPU): ms/step,
+                     images/s, sec/epoch, the step's FLOPs (XLA's count) and the FLOP rate.
 """
 import argparse
 import functools
@@ -20,7 +23,7 @@ import sys
 import time
 
 EPOCH_IMAGES = 60000
-SUBCOMMANDS = ("lenet", "collectives", "predict")
+SUBCOMMANDS = ("lenet", "collectives", "predict", "models")
 COLLECTIVE_NAMES = ("psum", "all_gather", "psum_scatter", "ppermute")
 
 
@@ -380,6 +383,74 @@ def predict_main(argv):
     return 0
 
 
+# --- models: one device of each kind --------------------------------------------------------
+
+def _model_steps(width):
+    """``{name: (init(key) -> state, step(state, X, y) -> (state, loss))}`` for LeNet and
+    ResNet-18 of ``width`` (SGD, learning rate 0.1; BatchNorm in training mode)."""
+    import jax
+    import optax
+    from flax import nnx
+    import d2l_multi as d2l
+
+    def lenet_step(params, X, y):
+        loss, grads = jax.value_and_grad(d2l.loss_fn)(params, X, y)
+        return [p - 0.1 * g for p, g in zip(params, grads)], loss
+
+    def resnet_init(key):
+        model = d2l.ResNet18(width=width, rngs=nnx.Rngs(key))
+        return nnx.split(model)
+
+    def resnet_step(state, X, y):
+        graphdef, variables = state
+        model = nnx.merge(graphdef, variables)
+
+        def loss_fn(model):
+            return optax.softmax_cross_entropy_with_integer_labels(model(X), y).mean()
+        loss, grads = nnx.value_and_grad(loss_fn)(model)
+        params = nnx.state(model, nnx.Param)
+        nnx.update(model, jax.tree.map(lambda p, g: p - 0.1 * g, params, grads))
+        return nnx.split(model), loss
+    return {"LeNet": (d2l.init_lenet_params, lenet_step),
+            f"ResNet-18 (width {width})": (resnet_init, resnet_step)}
+
+
+def models_main(argv):
+    p = _Parser(prog="python -m d2l_multi benchmark models",
+                description="LeNet and ResNet-18 steps on one device of each kind.")
+    p.add_argument("--batch-size", type=int, default=256, help="batch (default 256)")
+    p.add_argument("--width", type=int, default=64,
+                   help="ResNet-18's channels in its first stage (default 64, as in d2l)")
+    p.add_argument("--repeat", type=int, default=10, help="timed steps (default 10)")
+    args = p.parse_args(argv)
+    for name, value, example in (("--batch-size", args.batch_size, 256),
+                                 ("--width", args.width, 64), ("--repeat", args.repeat, 10)):
+        _positive(name, value, example)
+    import jax
+    import jax.numpy as jnp
+    import d2l_multi as d2l
+    print(_machine())
+    kinds = [jax.devices("cpu")[0]] + [d for d in jax.devices() if d.platform != "cpu"][:1]
+    B = args.batch_size
+    print(f"batch {B}; median of {d2l.shrink(args.repeat, 2)} steps after a warm-up; "
+          f"sec/epoch = ms/step x {EPOCH_IMAGES // B} steps; FLOPs as XLA:CPU counts them")
+    print("| model | device | ms/step | images/s | s/epoch | GFLOP/step | TFLOP/s |\n"
+          "|---|---|---|---|---|---|---|")
+    for name, (init, step) in _model_steps(args.width).items():
+        for device in kinds:  # the CPU first: its count of the FLOPs serves every device
+            with jax.default_device(device):
+                state = init(jax.random.key(0))
+                X, y = jnp.zeros((B, 28, 28, 1)), jnp.zeros(B, jnp.int32)
+                compiled = jax.jit(step).lower(state, X, y).compile()
+                seconds = d2l.time_call(compiled, state, X, y, repeat=args.repeat)
+            if device.platform == "cpu":  # XLA:GPU's count leaves out cuDNN's convolutions
+                flops = d2l.step_cost(compiled)["flops"]
+            print(f"| {name} | {device.device_kind} | {1e3 * seconds:.2f} | {B / seconds:,.0f} | "
+                  f"{seconds * (EPOCH_IMAGES // B):.1f} | {flops / 1e9:.1f} | "
+                  f"{flops / seconds / 1e12:.3g} |", flush=True)
+    return 0
+
+
 def main(argv=None):
     argv = list(sys.argv[1:] if argv is None else argv)
     command = "lenet"
@@ -391,4 +462,4 @@ def main(argv=None):
     if command not in SUBCOMMANDS:
         raise ValueError(f"unknown benchmark {command!r}; use one of {', '.join(SUBCOMMANDS)}")
     return {"lenet": lenet_main, "collectives": collectives_main,
-            "predict": predict_main}[command](argv)
+            "predict": predict_main, "models": models_main}[command](argv)

@@ -1,4 +1,4 @@
-"""``python -m d2l_multi benchmark [lenet | collectives | predict]``: bad options are refused in
+"""``python -m d2l_multi benchmark [lenet | collectives | predict | models]``: bad options are refused in
 one line with a non-zero status, and each subcommand runs in smoke mode."""
 import os
 import subprocess
@@ -28,7 +28,8 @@ def benchmark(*args):
     (["collectives", "--repeat", "-3"], "--repeat must be a positive integer"),
     (["predict", "--batch-size", "100", "--devices", "1,8"], "100 does not divide evenly over 8"),
     (["predict", "--devices", "0,2"], "--devices: every count must be at least 1"),
-    (["frobnicate"], "unknown benchmark 'frobnicate'; use one of lenet, collectives, predict"),
+    (["models", "--width", "0"], "--width must be a positive integer, e.g. --width 64; got 0"),
+    (["frobnicate"], "unknown benchmark 'frobnicate'; use one of lenet, collectives, predict, models"),
 ])
 def test_bad_options_exit_non_zero_with_one_line(args, message):
     result = benchmark(*args)
@@ -41,7 +42,7 @@ def test_bad_options_exit_non_zero_with_one_line(args, message):
 def test_help_lists_the_subcommands():
     result = benchmark("--help")
     assert result.returncode == 0
-    assert all(name in result.stdout for name in ("lenet", "collectives", "predict"))
+    assert all(name in result.stdout for name in ("lenet", "collectives", "predict", "models"))
 
 
 def test_collectives_prints_the_machine_the_table_and_the_fit():
@@ -68,3 +69,11 @@ def test_lenet_is_the_default_and_runs_in_smoke_mode():
     assert result.returncode == 0, result.stderr
     assert "straightforward (d2l text): pmap, NCHW, host batches" in result.stdout
     assert "chapter jit + NamedSharding, data on device | 2 dev |" in result.stdout
+
+
+def test_models_times_lenet_and_resnet_on_one_device_of_each_kind():
+    result = benchmark("models", "--width", "4", "--batch-size", "8", "--repeat", "2")
+    assert result.returncode == 0, result.stderr
+    out = result.stdout
+    assert "| model | device | ms/step | images/s | s/epoch | GFLOP/step | TFLOP/s |" in out
+    assert "| LeNet | cpu |" in out and "| ResNet-18 (width 4) | cpu |" in out
