@@ -279,7 +279,7 @@ def collectives_main(argv):
     sizes = [2048 * 4 ** i for i in range(12) if 2048 * 4 ** i <= args.max_mb * 2 ** 20]
     rows = d2l.measure_collectives(collectives, counts, sizes, args.repeat)
     smoke = " [SMOKE RUN: not results]" if d2l.smoke() else ""
-    print(f"\nmedian of {d2l.shrink(args.repeat, 2)} samples, spread = min-max{smoke}")
+    print(f"\nmedian of {args.repeat} samples, spread = min-max{smoke}")
     print("| collective | devices | bytes | median µs | spread µs | algbw GB/s | busbw GB/s |\n"
           "|---|---|---|---|---|---|---|")
     for r in rows:

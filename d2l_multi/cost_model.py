@@ -36,13 +36,13 @@ def collective_loop(collective, num_devices, num_bytes):
 
 
 def time_collective(collective, num_devices, num_bytes, repeat=5):
-    """Seconds per call of ``collective_loop``'s collective: ``repeat`` samples (``d2l.shrink``
-    keeps 2 in quick runs) after a warm-up call that compiles."""
+    """Seconds per call of ``collective_loop``'s collective: ``repeat`` samples after a
+    warm-up call that compiles."""
     d2l.check_positive(repeat=repeat)
     program, x, calls = collective_loop(collective, num_devices, num_bytes)
     jax.block_until_ready(program(x))
     times = []
-    for _ in range(d2l.shrink(repeat, 2)):
+    for _ in range(repeat):
         start = time.perf_counter()
         jax.block_until_ready(program(x))
         times.append((time.perf_counter() - start) / calls)

@@ -94,7 +94,7 @@ def train_ensemble(state, data, num_epochs):
     d2l.check_positive(num_epochs=num_epochs)
     animator = d2l.Animator(xlabel="epoch", ylabel="test accuracy", xlim=[1, num_epochs],
                             legend=["mean member", "ensemble"])
-    for epoch in range(d2l.shrink(num_epochs, 1)):  # shrink: 1 epoch in quick test runs
+    for epoch in range(num_epochs):
         losses, accuracies = [], []
         for X, y in data.get_dataloader(True, drop_last=True):
             grads, loss, accuracy = apply_ensemble(state, *jax_utils.replicate((X, y)))
@@ -176,7 +176,7 @@ def train_stacked(state, data, num_epochs, mesh):
     step = map_members(member_step, mesh)
     animator = d2l.Animator(xlabel="epoch", ylabel="test accuracy", xlim=[1, num_epochs],
                             legend=["mean member", "ensemble"])
-    for epoch in range(d2l.shrink(num_epochs, 1)):  # shrink: 1 epoch in quick test runs
+    for epoch in range(num_epochs):
         for X, y in data.get_dataloader(True, drop_last=True):
             state, loss, accuracy = step(state, *d2l.shard((X, y), mesh))
         members, ensemble = evaluate_stacked(state, data.get_dataloader(False), mesh)

@@ -13,7 +13,7 @@ NOTEBOOKS = sorted(CHAPTERS.glob("*.ipynb"))
 FIRST_CELL = ("import d2l_multi as d2l\n"
               "d2l.simulate_devices(8)  # 8 CPU devices unless there are at least two "
               "accelerators\nimport jax\nimport jax.numpy as jnp")
-SCAFFOLDING = re.compile(r"d2l\.pick\(|d2l\.smoke\(|\bSMOKE\b|throttle|D2L_MULTI_SMOKE|"
+SCAFFOLDING = re.compile(r"d2l\.(pick|smoke|shrink)\(|\bSMOKE\b|throttle|D2L_MULTI_SMOKE|"
                          r"block_until_ready\(.*\)\s*#.*(deadlock|queue)")
 MAKING_OF = re.compile(r"\b(issue \d+|this session|the session|workplace|device tool|"
                        r"the targets? of|while writing this|authoring machine|in CI\b|"
