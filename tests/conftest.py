@@ -1,13 +1,28 @@
 """Every test process sees 8 simulated CPU devices (or the accelerators, where there are at
-least two) and cannot open a network connection beyond this machine."""
+least two) and cannot open a network connection beyond this machine.
+
+The test processes, the notebook kernels and the programs the tests start share one JAX
+persistent compilation cache for the run (a temporary directory, removed at the end, unless
+``JAX_COMPILATION_CACHE_DIR`` is set): a program that several notebooks and tests compile alike,
+such as LeNet's data-parallel step, is compiled once.
+"""
+import atexit
 import ipaddress
 import os
+import shutil
 import socket
+import tempfile
 
 import pytest
 
 os.environ.setdefault("MPLBACKEND", "Agg")
 os.environ.setdefault("KERAS_BACKEND", "jax")
+if "JAX_COMPILATION_CACHE_DIR" not in os.environ:  # set before JAX starts; workers inherit it
+    _cache = tempfile.mkdtemp(prefix="d2l_multi_jax_cache_")
+    os.environ["JAX_COMPILATION_CACHE_DIR"] = _cache
+    os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")
+    os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES", "-1")
+    atexit.register(shutil.rmtree, _cache, ignore_errors=True)
 
 import d2l_multi  # noqa: E402
 
