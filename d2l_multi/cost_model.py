@@ -92,8 +92,7 @@ def fit_alpha_beta(num_bytes, seconds):
 
 
 def step_cost(step, *args):
-    """FLOPs and bytes accessed of ``step(*args)``, or of a compiled ``step``, as XLA counts
-    them in the compiled program."""
+    """FLOPs and bytes accessed that XLA counts in ``step(*args)`` or a compiled ``step``."""
     compiled = step if hasattr(step, "cost_analysis") else jax.jit(step).lower(*args).compile()
     cost = compiled.cost_analysis()
     if not cost or "flops" not in cost:
@@ -130,12 +129,9 @@ def cpu_time_call(f, *args, repeat=5):
 
 def predict_step_time(compute_time, num_devices, grad_bytes, alpha, beta, overlap=False,
                       parallelism=None):
-    """Seconds of a data-parallel step on k devices: k shares of ``compute_time`` each, run
-    ``parallelism`` at a time (default k: every device computes its own at once; k simulated
-    devices: ``compute_time`` in CPU seconds, ``parallelism`` the cores they get), then a ring
-    allreduce of ``grad_bytes``, 2(k-1) hops of latency ``alpha`` and 2(k-1)/k ``grad_bytes``
-    at ``beta`` seconds per byte; with ``overlap``, during the backward pass (2/3 of the
-    compute)."""
+    """Seconds of a data-parallel step: k shares of ``compute_time``, ``parallelism`` (default
+    k) at a time, then a ring allreduce of ``grad_bytes`` (latency ``alpha`` per hop, ``beta``
+    seconds per byte); with ``overlap``, during the backward pass (2/3 of the compute)."""
     k = num_devices
     parallelism = k if parallelism is None else parallelism
     d2l.check_positive(num_devices=k, parallelism=parallelism)

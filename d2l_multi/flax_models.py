@@ -165,8 +165,7 @@ def jit_train_step(state, images, labels):
 # ----- d2l's ResNet-18 in NNX (notebook 05b) -----
 
 class Residual(nnx.Module):
-    """d2l's residual block: two 3x3 convolutions with BatchNorm, and a 1x1 convolution on the
-    shortcut when the block changes the size or the number of channels."""
+    """d2l's residual block: two 3x3 convolutions with BatchNorm; a 1x1 one adapts the shortcut."""
 
     def __init__(self, in_channels, channels, strides=1, use_1x1conv=False, *, rngs):
         conv = functools.partial(nnx.Conv, rngs=rngs)
@@ -186,9 +185,8 @@ class Residual(nnx.Module):
 
 
 class ResNet(nnx.Module):
-    """d2l's ResNet for 28x28 images: a 3x3 stem with BatchNorm (no max-pooling), then one
-    stage per ``(num_residuals, channels)`` in ``arch``; every stage but the first halves the
-    height and width. Global average pooling and a dense layer give the logits."""
+    """d2l's ResNet for 28x28 images: a 3x3 stem with BatchNorm, one stage per ``(num_residuals,
+    channels)`` in ``arch`` (each after the first halves the size), pooling, a dense layer."""
 
     def __init__(self, arch, num_classes=10, *, rngs):
         if not arch:

@@ -34,8 +34,7 @@ def keras_train_state(model, optimizer):
 def make_keras_train_step(model, loss_fn, optimizer):
     """A jit-compiled stateless step, ``train_step(state, X, y) -> (loss, state)``."""
     def compute_loss(trainable, non_trainable, X, y):
-        y_pred, non_trainable = model.stateless_call(trainable, non_trainable, X,
-                                                     training=True)
+        y_pred, non_trainable = model.stateless_call(trainable, non_trainable, X, training=True)
         return loss_fn(y, y_pred), non_trainable
 
     @jax.jit
