@@ -18,8 +18,7 @@ import d2l_multi as d2l
 # ----- notebook 08a: one model per device, with pmap -----
 
 def check_ensemble_size(num_members, num_devices, one_per_device=False):
-    """Raise a ValueError naming the fix unless ``num_members`` models fit ``num_devices``:
-    exactly one per device (``pmap``), or the same number on every device (stacked)."""
+    """Raise a ValueError naming the fix unless ``num_members`` models fit ``num_devices``."""
     if isinstance(num_members, bool) or not isinstance(num_members, int) or num_members < 1:
         raise ValueError(f"an ensemble needs a positive number of models, got {num_members!r}")
     if one_per_device and num_members != num_devices:
@@ -42,9 +41,7 @@ def check_ensemble_size(num_members, num_devices, one_per_device=False):
 
 
 def create_ensemble_state(rngs, learning_rate, momentum):
-    """Flax's ensembling recipe: ``create_train_state`` pmapped, the learning rate and momentum
-    static, one key per device (``jax.random.split(rng, jax.device_count())``), so every device
-    initialises a different CNN."""
+    """Flax's recipe: ``create_train_state`` pmapped, one key (a different CNN) per device."""
     check_ensemble_size(len(rngs), jax.local_device_count(), one_per_device=True)
     create = jax.pmap(d2l.create_train_state, static_broadcasted_argnums=(1, 2))
     return create(rngs, learning_rate, momentum)
@@ -52,8 +49,7 @@ def create_ensemble_state(rngs, learning_rate, momentum):
 
 @functools.partial(jax.pmap, axis_name="ensemble")
 def apply_ensemble(state, images, labels):
-    """Each device's member: its gradients and loss on the (replicated) batch; and the
-    accuracy of the ensemble, whose probabilities are the members' average."""
+    """Each member's gradients and loss on the batch; the ensemble's accuracy."""
     grad_fn = jax.value_and_grad(d2l.cross_entropy_loss, has_aux=True)
     (loss, logits), grads = grad_fn(state.params, state, images, labels)
     probs = lax.pmean(jax.nn.softmax(logits), axis_name="ensemble")  # average over members
@@ -62,8 +58,7 @@ def apply_ensemble(state, images, labels):
 
 
 def member_num_correct(state, images, labels, axis_name):
-    """How many predictions of one member, and of the ensemble (the members' probabilities
-    averaged over ``axis_name``), equal ``labels``."""
+    """Right predictions of one member and of the ensemble (averaged over ``axis_name``)."""
     probs = jax.nn.softmax(state.apply_fn({"params": state.params}, images))
     ensemble_probs = lax.pmean(probs, axis_name=axis_name)
     return ((jnp.argmax(probs, -1) == labels).sum(),
@@ -112,8 +107,7 @@ def train_ensemble(state, data, num_epochs):
 # ----- notebook 08b: stacked ensembles, vmap under jit -----
 
 def create_stacked_ensemble(rngs, learning_rate, momentum, mesh):
-    """The twin of ``create_ensemble_state``: ``create_train_state`` vmapped over the keys under
-    ``jit``; every array gets a leading 'model' axis, sharded over the mesh axis 'model'."""
+    """``create_train_state`` vmapped over the keys, its 'model' axis sharded over ``mesh``."""
     d2l.check_spec(P("model"), mesh)
     d2l.check_ensemble_size(len(rngs), mesh.shape["model"])
     create = jax.vmap(d2l.create_train_state, in_axes=(0, None, None))
@@ -123,8 +117,7 @@ def create_stacked_ensemble(rngs, learning_rate, momentum, mesh):
 
 
 def member_step(state, images, labels, axis_name):
-    """One member's SGD step on the batch; its loss; and the accuracy of the ensemble, whose
-    probabilities are the members' average over ``axis_name``."""
+    """One member's SGD step and loss; the accuracy of the ensemble over ``axis_name``."""
     grad_fn = jax.value_and_grad(d2l.cross_entropy_loss, has_aux=True)
     (loss, logits), grads = grad_fn(state.params, state, images, labels)
     probs = lax.pmean(jax.nn.softmax(logits), axis_name=axis_name)
@@ -134,17 +127,14 @@ def member_step(state, images, labels, axis_name):
 
 @jax.jit
 def stacked_train_step(state, images, labels):
-    """The twin of ``apply_ensemble`` + ``update_model``: ``member_step`` vmapped over the
-    leading axis of a stacked ``state``; how ``state`` is sharded is left to the compiler."""
+    """``member_step`` vmapped over a stacked ``state``; the compiler places the members."""
     step = functools.partial(member_step, images=images, labels=labels, axis_name="member")
     return jax.vmap(step, axis_name="member")(state)
 
 
 @functools.lru_cache
 def map_members(member_fn, mesh):
-    """``jit(shard_map(vmap(member_fn)))`` for a stacked ensemble sharded ``P('model')`` over
-    ``mesh``: every device maps ``member_fn`` over its own members only, on the whole batch.
-    ``axis_name=('model', 'member')`` (devices, then members on a device) names all members."""
+    """``jit(shard_map(vmap(member_fn)))``: each device maps ``member_fn`` over its members."""
     d2l.check_spec(P("model"), mesh)
 
     def local(state, images, labels):  # state: this device's members
@@ -156,8 +146,7 @@ def map_members(member_fn, mesh):
 
 
 def evaluate_stacked(state, data_iter, mesh):
-    """Test accuracy of every member of a stacked ensemble (an array) and of the ensemble; each
-    batch is replicated on ``mesh`` and every device evaluates its own members."""
+    """Test accuracy of every member of a stacked ensemble (an array) and of the ensemble."""
     count = map_members(d2l.member_num_correct, mesh)
     members, ensemble, n = 0, 0, 0
     for X, y in data_iter:

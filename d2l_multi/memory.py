@@ -24,8 +24,7 @@ def count_params(tree):
 
 def training_memory(num_params, activation_bytes=0, optimizer="adam", param_shards=1,
                     batch_shards=1, bytes_per_value=4):
-    """Bytes one device holds while training: parameters, gradients and optimizer state
-    (split ``param_shards`` ways) and the activations (the batch split ``batch_shards`` ways)."""
+    """Bytes per device of parameters, gradients, optimizer state, activations, and the total."""
     if optimizer not in OPTIMIZER_STATE_COPIES:
         raise ValueError(f"unknown optimizer {optimizer!r}; use one of "
                          f"{sorted(OPTIMIZER_STATE_COPIES)} or add its number of state "
@@ -43,9 +42,7 @@ def training_memory(num_params, activation_bytes=0, optimizer="adam", param_shar
 
 
 def saved_activation_bytes(f, *args):
-    """Bytes of the values ``jax.grad(f)(*args)`` keeps from the forward pass for the backward
-    pass, as ``jax.ad_checkpoint.print_saved_residuals`` lists them, less ``f``'s arguments
-    (they are stored anyway). Only traces: ``args`` may be ``jax.ShapeDtypeStruct``s."""
+    """Bytes the backward pass of ``f(*args)`` saves, less ``f``'s arguments (only traces)."""
     listing = io.StringIO()
     with contextlib.redirect_stdout(listing):
         jax.ad_checkpoint.print_saved_residuals(f, *args)
@@ -59,10 +56,7 @@ def saved_activation_bytes(f, *args):
 
 def transformer_footprint(num_layers, d_model, num_heads, seq_len, batch_size, vocab_size,
                           remat=False):
-    """The number of parameters of a ``TransformerLM`` and the bytes of activations a batch of
-    ``batch_size`` sequences needs (float32), from shapes alone: traced with one and with two
-    blocks, the second block counts ``num_layers - 1`` times. With ``remat``, add one block's
-    activations: the backward pass recomputes them, one block at a time."""
+    """Parameters and activation bytes of a ``TransformerLM`` on a batch, from shapes alone."""
     d2l.check_positive(num_layers=num_layers, batch_size=batch_size)
 
     def measure(layers, remat):

@@ -45,17 +45,14 @@ def check_layout(state, rules, mesh):
 
 @contextlib.contextmanager
 def use_sharding(mesh, rules):
-    """Within this block, ``mesh`` is the current mesh and ``rules`` map logical axis names
-    to its axes: code traced here lays its arrays out by them."""
+    """Within this block, ``mesh`` is current and ``rules`` map logical names to its axes."""
     d2l.check_rules(rules, mesh)
     with jax.set_mesh(mesh), nnx.logical_axis_rules(tuple(rules.items())):
         yield
 
 
 def abstract_state(model_fn, mesh, rules):
-    """The state of ``model_fn()`` as ``jax.ShapeDtypeStruct`` leaves that carry their
-    ``NamedSharding`` on ``mesh`` under ``rules``: shapes and layouts, no arrays.
-    ``model_fn``: a function of no arguments returning an NNX Module."""
+    """``model_fn()``'s state as ``ShapeDtypeStruct``s carrying their shardings: no arrays."""
     with nnx.use_eager_sharding(False):  # only the shapes and the annotations
         state = nnx.state(nnx.eval_shape(model_fn))
     d2l.check_layout(state, rules, mesh)  # names the parameter and the fix
@@ -66,8 +63,7 @@ def abstract_state(model_fn, mesh, rules):
 
 
 def create_sharded(model_fn, mesh, rules):
-    """Build ``model_fn()`` directly in its sharded layout: created inside ``nnx.jit``, each
-    device only ever holds its own shards."""
+    """Build ``model_fn()`` inside ``nnx.jit``: each device only ever holds its own shards."""
     abstract_state(model_fn, mesh, rules)  # checks the rules and the layout first
 
     @nnx.jit

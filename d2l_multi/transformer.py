@@ -19,8 +19,7 @@ def logical_linear(d_in, d_out, names, *, rngs):
 
 
 def logical_constraint(x, names):
-    """Lay the activation ``x`` out by logical axis names under the rules in force (see
-    ``use_sharding``); without rules or mesh, return ``x`` unchanged."""
+    """Lay the activation ``x`` out by logical axis names under the rules in force, if any."""
     rules = dict(flax.core.spmd.get_logical_axis_rules())
     if not rules or jax.sharding.get_abstract_mesh().empty:
         return x
@@ -75,8 +74,7 @@ class TransformerBlock(nnx.Module):
 
 
 class TransformerLM(nnx.Module):
-    """A decoder-only language model: embeddings, ``num_layers`` blocks, next-token logits.
-    With ``remat=True`` the backward pass recomputes each block instead of storing it."""
+    """A decoder-only language model; with ``remat``, the backward pass recomputes each block."""
 
     def __init__(self, vocab_size, seq_len, d_model=64, num_heads=8, num_layers=2, d_ff=None,
                  remat=False, *, rngs):
