@@ -56,16 +56,14 @@ def check_layouts(tree, specs, mesh):
 
 
 def lenet_specs(axis="model"):
-    """LeNet's layouts: the convolutions replicated, the dense layers split over ``axis`` the
-    tensor-parallel way (W3's columns with b3, W4's rows)."""
+    """LeNet's layouts: convolutions replicated, dense layers tensor-parallel over ``axis``."""
     if not isinstance(axis, str) or not axis:
         raise ValueError(f"axis must be the name of a mesh axis, e.g. 'model', got {axis!r}")
     return [P(), P(), P(), P(), P(None, axis), P(axis), P(axis, None), P()]
 
 
 def state_specs(optimizer, params, specs):
-    """PartitionSpecs of the train state: the parameters' ``specs``, the same for the optimizer's
-    moments (they have the parameters' shapes), ``P()`` (replicated) for counters and the step."""
+    """The train state's PartitionSpecs: ``specs`` for parameters and moments, P() for the rest."""
     if not isinstance(optimizer, optax.GradientTransformation):
         raise ValueError(f"optimizer must be an optax optimizer, e.g. optax.adam(1e-3), got "
                          f"{type(optimizer).__name__}")
@@ -87,8 +85,7 @@ def sharded_train_state(params, optimizer, mesh, specs):
 
 
 def abstract_like(tree, mesh, specs):
-    """Shapes and dtypes of ``tree``'s arrays with the layouts ``specs`` on ``mesh``: the target
-    that tells Orbax where to put every restored array (no memory is allocated)."""
+    """The restore target: ``tree``'s shapes and dtypes, laid out by ``specs`` on ``mesh``."""
     d2l.check_layouts(tree, specs, mesh)
     return jax.tree.map(lambda x, spec: jax.ShapeDtypeStruct(
         x.shape, x.dtype, sharding=NamedSharding(mesh, spec)), tree, specs)

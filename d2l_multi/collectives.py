@@ -31,23 +31,15 @@ def unreplicate(params):
 
 
 def ring_allreduce(x, axis_name):
-    """Sum ``x`` over ``axis_name`` with a ring: reduce-scatter, then all-gather.
-
-    Call it inside ``pmap`` or ``shard_map``. Each of the k devices sends 2(k-1) chunks of
-    size n/k to its right-hand neighbour, so it moves 2(k-1)/k * n values in all.
-    """
+    """Sum ``x`` over ``axis_name`` (in ``pmap`` or ``shard_map``) with a ring of ppermutes."""
     k = lax.axis_size(axis_name)
-    if k == 1:
-        return x
     i = lax.axis_index(axis_name)
     right = [(j, (j + 1) % k) for j in range(k)]
-    flat = x.reshape(-1)
-    pad = -flat.size % k
-    chunks = jnp.pad(flat, (0, pad)).reshape(k, -1)
+    chunks = jnp.pad(x.reshape(-1), (0, -x.size % k)).reshape(k, -1)  # k chunks, zero-padded
     for s in range(k - 1):  # reduce-scatter: after it, device i owns the sum of chunk i+1
         received = lax.ppermute(chunks[(i - s) % k], axis_name, right)
         chunks = chunks.at[(i - s - 1) % k].add(received)
     for s in range(k - 1):  # all-gather: pass the finished chunks once around the ring
         received = lax.ppermute(chunks[(i + 1 - s) % k], axis_name, right)
         chunks = chunks.at[(i - s) % k].set(received)
-    return chunks.reshape(-1)[:flat.size].reshape(x.shape)
+    return chunks.reshape(-1)[:x.size].reshape(x.shape)

@@ -19,10 +19,9 @@ def check_spec(spec, mesh, shape=None):
         names = [n for n in (entry if isinstance(entry, tuple) else (entry,)) if n is not None]
         for name in names:
             if name not in mesh.axis_names:
-                raise ValueError(
-                    f"{spec} names the mesh axis {name!r}, but the mesh has only the axes "
-                    f"{tuple(mesh.axis_names)}; write one of those in the PartitionSpec, or "
-                    f"build the mesh with that name, e.g. d2l.device_mesh(axis_names=({name!r},))")
+                raise ValueError(f"{spec} names the mesh axis {name!r}, but the mesh has only "
+                                 f"the axes {tuple(mesh.axis_names)}; use one of those, or build "
+                                 f"the mesh with it: d2l.device_mesh(axis_names=({name!r},))")
         parts = math.prod(mesh.shape[n] for n in names)
         if shape is not None and dim < len(shape):
             d2l.check_divisible(shape[dim], parts, f"dimension {dim} of shape {tuple(shape)}: size",
@@ -44,8 +43,7 @@ def shard_batch(X, y, mesh, axis_name="data"):
 
 
 def make_train_step(optimizer, loss=None):
-    """A ``jax.jit``-compiled step; the shardings of its inputs decide how it is parallelised.
-    ``loss(params, X, y)`` defaults to LeNet's ``d2l.loss_fn``."""
+    """A ``jax.jit`` step of ``loss`` (default ``d2l.loss_fn``); input shardings parallelise it."""
     if not hasattr(optimizer, "update"):
         raise TypeError(f"optimizer must be an optax optimizer such as optax.sgd(0.1), "
                         f"got {optimizer!r}")
@@ -60,13 +58,7 @@ def make_train_step(optimizer, loss=None):
 
 
 def make_shard_map_step(mesh, optimizer, loss=None, axis_name="data"):
-    """``make_train_step``'s step written per device with ``jax.shard_map`` (manual mode).
-
-    With ``check_vma=True`` (the default), ``jax.grad`` with respect to the replicated
-    (unvarying) parameters sums the k devices' gradients itself. So the step differentiates the
-    global mean loss ``pmean(local loss)``, whose summed gradients are the mean gradient;
-    ``pmean`` of the gradient of the local loss (the ``pmap`` habit) would be k times too large.
-    """
+    """``make_train_step`` per device (``jax.shard_map``): the gradient of ``pmean(local loss)``."""
     if not hasattr(optimizer, "update"):
         raise TypeError(f"optimizer must be an optax optimizer such as optax.sgd(0.1), "
                         f"got {optimizer!r}")
@@ -86,8 +78,7 @@ COLLECTIVES = ("all-reduce", "all-gather", "reduce-scatter", "all-to-all", "coll
 
 
 def count_collectives(hlo_text):
-    """How many of each collective a compiled program (``compiled.as_text()``) runs; the
-    asynchronous ``-start``/``-done`` pairs of GPUs and TPUs count once."""
+    """Count each collective in a compiled program's HLO text (a -start/-done pair: once)."""
     if not isinstance(hlo_text, str):
         raise TypeError(f"count_collectives reads HLO text, not a {type(hlo_text).__name__}; "
                         f"pass f.lower(*args).compile().as_text()")

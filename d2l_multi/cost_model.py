@@ -14,8 +14,7 @@ import d2l_multi as d2l
 
 
 def collective_loop(collective, num_devices, num_bytes):
-    """A ``jax.shard_map`` program that calls ``collective`` 1 to 32 times in a loop on
-    ``num_devices`` devices, its input of ``num_bytes`` (as nccl-tests counts), and the calls."""
+    """(program, input, calls): ``collective`` in a ``shard_map`` loop on ``num_devices``."""
     k = num_devices
     ops = {"psum": lambda x: lax.psum(x, "data"),
            "all_gather": lambda x: lax.all_gather(x, "data", tiled=True)[:x.size],
@@ -36,17 +35,11 @@ def collective_loop(collective, num_devices, num_bytes):
 
 
 def time_collective(collective, num_devices, num_bytes, repeat=5):
-    """Seconds per call of ``collective_loop``'s collective: ``repeat`` samples after a
-    warm-up call that compiles."""
+    """Seconds per call of the collective: ``repeat`` samples, the first after compiling."""
     d2l.check_positive(repeat=repeat)
     program, x, calls = collective_loop(collective, num_devices, num_bytes)
-    jax.block_until_ready(program(x))
-    times = []
-    for _ in range(repeat):
-        start = time.perf_counter()
-        jax.block_until_ready(program(x))
-        times.append((time.perf_counter() - start) / calls)
-    return np.array(times)
+    return np.array([d2l.time_call(program, x, repeat=1, warmup=int(i == 0)) / calls
+                     for i in range(repeat)])
 
 
 def bus_bandwidth(collective, num_devices, num_bytes, seconds):
@@ -75,8 +68,7 @@ def measure_collectives(collectives, device_counts, sizes, repeat=5):
 
 
 def fit_alpha_beta(num_bytes, seconds):
-    """(alpha, beta) >= 0 of Hockney's ``seconds = alpha + beta num_bytes``, by least squares of
-    the relative error."""
+    """(alpha, beta) >= 0 of ``seconds = alpha + beta num_bytes``, by relative least squares."""
     n, t = np.asarray(num_bytes, float), np.asarray(seconds, float)
     if n.ndim != 1 or n.shape != t.shape or len(np.unique(n)) < 2 or not np.all(
             np.isfinite(n * t) & (n > 0) & (t > 0)):
@@ -129,9 +121,7 @@ def cpu_time_call(f, *args, repeat=5):
 
 def predict_step_time(compute_time, num_devices, grad_bytes, alpha, beta, overlap=False,
                       parallelism=None):
-    """Seconds of a data-parallel step: k shares of ``compute_time``, ``parallelism`` (default
-    k) at a time, then a ring allreduce of ``grad_bytes`` (latency ``alpha`` per hop, ``beta``
-    seconds per byte); with ``overlap``, during the backward pass (2/3 of the compute)."""
+    """Seconds of a data-parallel step: k shares, ``parallelism`` at a time, a ring allreduce."""
     k = num_devices
     parallelism = k if parallelism is None else parallelism
     d2l.check_positive(num_devices=k, parallelism=parallelism)

@@ -100,23 +100,17 @@ def detect_cluster(environ=None):
 
 def check_device_counts(devices_per_process=None):
     """Raise unless every process has ``devices_per_process`` devices (default: as process 0)."""
-    if devices_per_process is not None and (isinstance(devices_per_process, bool) or not
-                                            isinstance(devices_per_process, int)
+    if devices_per_process is not None and (type(devices_per_process) is not int
                                             or devices_per_process < 1):
         raise ValueError(f"devices_per_process must be a positive integer or None, got "
                          f"{devices_per_process!r}")
-    counts = {}
-    for dev in jax.devices():
-        counts[dev.process_index] = counts.get(dev.process_index, 0) + 1
-    if devices_per_process is None:
-        devices_per_process = counts[0]
-    wrong = {p: n for p, n in counts.items() if n != devices_per_process}
-    if wrong:
-        listing = ", ".join(f"process {p}: {n}" for p, n in sorted(counts.items()))
-        raise ValueError(
-            f"every process should have {devices_per_process} device(s), but {listing}. "
-            f"JAX needs the same number of local devices in every process: launch all of "
-            f"them with the same --devices-per-process (and as many accelerators each)")
+    processes, counts = np.unique([d.process_index for d in jax.devices()], return_counts=True)
+    expected = devices_per_process or int(counts[0])
+    if (counts != expected).any():
+        listing = ", ".join(f"process {p}: {n}" for p, n in zip(processes, counts))
+        raise ValueError(f"every process should have {expected} device(s), but {listing}. JAX "
+                         f"needs as many in every process: launch all of them with the same "
+                         f"--devices-per-process (and as many accelerators each)")
 
 
 def _exit_at_once(kind, value, traceback):
@@ -234,13 +228,7 @@ def initialize_distributed(heartbeat_timeout=None, collective_timeout=None):
 
 
 def process_batches(X, y, batch_size, shuffle=False, seed=0, epoch=0):
-    """Yield this process's rows ``(X, y, weight)`` of every global batch of ``batch_size``.
-
-    All processes draw the same permutation, so global batch ``i`` holds the same examples
-    however many processes share it; process ``p`` of ``P`` reads only rows
-    ``p*b/P .. (p+1)*b/P`` of it. With ``shuffle`` (training) the last incomplete batch is
-    dropped; without it (evaluation) it is padded with rows of weight 0.
-    """
+    """Yield this process's rows ``(X, y, weight)`` of every global batch of ``batch_size``."""
     if len(X) != len(y):
         raise ValueError(f"X has {len(X)} examples but y has {len(y)} labels; pass one label "
                          f"per example")
@@ -251,17 +239,15 @@ def process_batches(X, y, batch_size, shuffle=False, seed=0, epoch=0):
     n, num_processes, p = len(X), jax.process_count(), jax.process_index()
     d2l.check_divisible(batch_size, num_processes, over="processes")
     order = np.random.default_rng((seed, epoch)).permutation(n) if shuffle else np.arange(n)
-    if shuffle:
+    if shuffle:  # training: drop the last incomplete batch
         order = order[:n - n % batch_size]
-    weight = np.ones(len(order), np.float32)
-    pad = -len(order) % batch_size
-    order = np.concatenate([order, np.zeros(pad, order.dtype)])
-    weight = np.concatenate([weight, np.zeros(pad, np.float32)])
+    pad = -len(order) % batch_size  # evaluation: pad it with rows of weight 0
+    weight = np.pad(np.ones(len(order), np.float32), (0, pad))
+    order = np.pad(order, (0, pad))
     local = batch_size // num_processes
     for start in range(0, len(order), batch_size):
         rows = slice(start + p * local, start + (p + 1) * local)
-        idx = order[rows]
-        yield X[idx], y[idx], weight[rows]
+        yield X[order[rows]], y[order[rows]], weight[rows]
 
 
 def global_batch(mesh, *local_arrays):

@@ -42,7 +42,7 @@ def check_ensemble_size(num_members, num_devices, one_per_device=False):
 
 def create_ensemble_state(rngs, learning_rate, momentum):
     """Flax's recipe: ``create_train_state`` pmapped, one key (a different CNN) per device."""
-    check_ensemble_size(len(rngs), jax.local_device_count(), one_per_device=True)
+    d2l.check_ensemble_size(len(rngs), jax.local_device_count(), one_per_device=True)
     create = jax.pmap(d2l.create_train_state, static_broadcasted_argnums=(1, 2))
     return create(rngs, learning_rate, momentum)
 
@@ -84,22 +84,18 @@ def evaluate_ensemble(state, data_iter):
 
 
 def train_ensemble(state, data, num_epochs):
-    """Flax's ensemble loop: every batch replicated to all members, the ensemble's accuracy
-    unreplicated; after each epoch, the test accuracy of the members and of the ensemble."""
+    """Flax's ensemble loop, every batch replicated; metrics and test accuracies per epoch."""
     d2l.check_positive(num_epochs=num_epochs)
     animator = d2l.Animator(xlabel="epoch", ylabel="test accuracy", xlim=[1, num_epochs],
                             legend=["mean member", "ensemble"])
     for epoch in range(num_epochs):
-        losses, accuracies = [], []
         for X, y in data.get_dataloader(True, drop_last=True):
             grads, loss, accuracy = apply_ensemble(state, *jax_utils.replicate((X, y)))
             state = d2l.update_model(state, grads)
-            losses.append(loss)                                # one per member
-            accuracies.append(jax_utils.unreplicate(accuracy))  # the same on every device
         members, ensemble = evaluate_ensemble(state, data.get_dataloader(False))
         animator.add(epoch + 1, (members.mean(), ensemble))
-        print(f"epoch {epoch + 1}: train loss per member {np.mean(losses, 0).round(3)}, "
-              f"ensemble train acc {np.mean(accuracies):.3f}; test acc: mean member "
+        print(f"epoch {epoch + 1}: last batch: loss per member {np.asarray(loss).round(2)}, "
+              f"ensemble acc {jax_utils.unreplicate(accuracy):.3f}; test acc: mean member "
               f"{members.mean():.3f}, ensemble {ensemble:.3f}")
     return state, members, ensemble
 
@@ -150,8 +146,7 @@ def evaluate_stacked(state, data_iter, mesh):
     count = map_members(d2l.member_num_correct, mesh)
     members, ensemble, n = 0, 0, 0
     for X, y in data_iter:
-        correct = count(state, *d2l.shard((X, y), mesh))
-        members_correct, ensemble_correct = jax.device_get(correct)
+        members_correct, ensemble_correct = jax.device_get(count(state, *d2l.shard((X, y), mesh)))
         members += members_correct
         ensemble += ensemble_correct[0]  # equal for every member
         n += len(y)
@@ -159,8 +154,7 @@ def evaluate_stacked(state, data_iter, mesh):
 
 
 def train_stacked(state, data, num_epochs, mesh):
-    """The loop of ``train_ensemble`` for a stacked ensemble on ``mesh``: one
-    ``map_members(member_step, mesh)`` step per batch, the batch replicated on the mesh."""
+    """``train_ensemble``'s loop for a stacked ensemble, one ``map_members`` step per batch."""
     d2l.check_positive(num_epochs=num_epochs)
     step = map_members(member_step, mesh)
     animator = d2l.Animator(xlabel="epoch", ylabel="test accuracy", xlim=[1, num_epochs],
@@ -170,6 +164,4 @@ def train_stacked(state, data, num_epochs, mesh):
             state, loss, accuracy = step(state, *d2l.shard((X, y), mesh))
         members, ensemble = evaluate_stacked(state, data.get_dataloader(False), mesh)
         animator.add(epoch + 1, (members.mean(), ensemble))
-        print(f"epoch {epoch + 1}: test acc: mean member {members.mean():.3f}, "
-              f"ensemble {ensemble:.3f}")
     return state, members, ensemble

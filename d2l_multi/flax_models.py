@@ -26,8 +26,7 @@ import d2l_multi as d2l
 # ----- Modern: Flax NNX, nnx.jit and shardings -----
 
 class CNN(nnx.Module):
-    """The Flax examples' CNN in NNX: two 3x3 convolutions with average pooling, two dense
-    layers. Each layer holds its parameters, drawn from ``rngs`` when it is built."""
+    """The Flax examples' CNN in NNX: two 3x3 convolutions with pooling, two dense layers."""
 
     def __init__(self, *, rngs):
         self.conv1 = nnx.Conv(1, 32, kernel_size=(3, 3), rngs=rngs)
@@ -45,8 +44,7 @@ class CNN(nnx.Module):
 
 @nnx.jit
 def nnx_train_step(model, optimizer, images, labels):
-    """One ``optimizer`` step on ``model``'s mean cross-entropy, updating both in place;
-    returns the loss. A batch sharded over the devices makes it the data-parallel step."""
+    """One ``optimizer`` step on ``model``'s mean cross-entropy, in place; returns the loss."""
     def loss_fn(model):
         logits = model(images)
         return optax.softmax_cross_entropy_with_integer_labels(logits, labels).mean()
@@ -62,8 +60,7 @@ def num_correct_nnx(model, images, labels):
 
 
 def evaluate_nnx(model, data_iter, mesh):
-    """Accuracy of ``model`` in inference mode (BatchNorm uses its running averages) over
-    ``data_iter``, each batch split over the ``'data'`` axis of ``mesh``."""
+    """Accuracy of ``model`` in inference mode over ``data_iter``, batches sharded on ``mesh``."""
     model.eval()
     metric = d2l.Accumulator(2)  # number correct, number of examples
     for X, y in data_iter:
@@ -73,8 +70,7 @@ def evaluate_nnx(model, data_iter, mesh):
 
 
 def train_nnx(model, data, num_devices, lr, num_epochs):
-    """Train an NNX ``model`` data parallel on ``num_devices`` (jit + shardings) with SGD,
-    momentum 0.9; plot the test accuracy after each epoch and return the history."""
+    """Train ``model`` data parallel with SGD (momentum 0.9); plot and return the history."""
     d2l.check_positive(lr=lr, num_epochs=num_epochs)
     mesh = d2l.device_mesh((num_devices,))
     optimizer = nnx.Optimizer(model, optax.sgd(lr, momentum=0.9), wrt=nnx.Param)
@@ -89,8 +85,7 @@ def train_nnx(model, data, num_devices, lr, num_epochs):
         timer.stop()
         acc = evaluate_nnx(model, data.get_dataloader(train=False), mesh)
         animator.add(epoch + 1, acc)
-        history.append({"epoch": epoch + 1, "loss": loss, "test_acc": acc,
-                        "sec": timer.times[-1]})
+        history.append({"epoch": epoch + 1, "loss": loss, "test_acc": acc, "sec": timer.times[-1]})
     print(f"test acc: {acc:.2f}, {timer.avg():.1f} sec/epoch on {d2l.describe(mesh.devices.flat)}")
     return history
 
@@ -140,8 +135,7 @@ def update_model(state, grads):
 
 
 def cnn_from_linen(params):
-    """An NNX ``CNN`` holding the Linen ``LinenCNN``'s ``params``, matched layer by layer by
-    name (both keep kernels in the same layout: HWIO for convolutions, (in, out) for dense)."""
+    """An NNX ``CNN`` holding ``LinenCNN``'s ``params``, matched layer by layer by name."""
     layers = {"conv1": "Conv_0", "conv2": "Conv_1", "dense1": "Dense_0", "dense2": "Dense_1"}
     missing = sorted(set(layers.values()) - set(params))
     if missing:
@@ -154,8 +148,7 @@ def cnn_from_linen(params):
 
 @jax.jit
 def jit_train_step(state, images, labels):
-    """One step of the classic TrainState with ``jit``: a batch sharded over the devices
-    makes it data parallel, as for NNX."""
+    """One step of the classic TrainState under ``jit``; returns (state, loss, accuracy)."""
     grad_fn = jax.value_and_grad(cross_entropy_loss, has_aux=True)
     (loss, logits), grads = grad_fn(state.params, state, images, labels)
     accuracy = jnp.mean(jnp.argmax(logits, -1) == labels)
@@ -185,8 +178,7 @@ class Residual(nnx.Module):
 
 
 class ResNet(nnx.Module):
-    """d2l's ResNet for 28x28 images: a 3x3 stem with BatchNorm, one stage per ``(num_residuals,
-    channels)`` in ``arch`` (each after the first halves the size), pooling, a dense layer."""
+    """d2l's ResNet for 28x28 images: a 3x3 stem, one stage per ``(num_residuals, channels)``."""
 
     def __init__(self, arch, num_classes=10, *, rngs):
         if not arch:

@@ -56,15 +56,9 @@ class CheckedPipeline(grain.IterDataset):
     def __iter__(self):
         return CheckedIterator(self._parent.__iter__(), self.description)
 
-    def __str__(self):
-        return f"CheckedPipeline({self.description})"
-
 
 def grain_loader(source, batch_size, seed=0, num_epochs=None, shard_options=None):
-    """Batches of ``batch_size`` records of ``source`` for this process, reshuffled with
-    ``seed`` every epoch (``num_epochs=None``: forever). Each epoch's order is cut into
-    ``shard_options.shard_count`` shards (default: one per JAX process) by taking every
-    shard_count-th record, and this process reads its own."""
+    """This process's batches of ``source``, reshuffled every epoch (num_epochs=None: forever)."""
     if shard_options is None:
         shard_options = grain.sharding.ShardByJaxProcess(drop_remainder=True)
     count, index = shard_options.shard_count, shard_options.shard_index
@@ -84,7 +78,6 @@ def grain_loader(source, batch_size, seed=0, num_epochs=None, shard_options=None
                [index:stop:count]        # this process's shard of that order
                .repeat(num_epochs)
                .batch(batch_size, drop_remainder=True))
-    # the records are in memory: reading threads would only take turns holding Python's GIL
     iterable = dataset.to_iter_dataset(grain.ReadOptions(num_threads=0))
     return CheckedPipeline(iterable, f"{source!r}, seed={seed}, shard {index} of {count}, "
                                      f"batch_size={batch_size}")

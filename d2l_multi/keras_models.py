@@ -50,9 +50,7 @@ def make_keras_train_step(model, loss_fn, optimizer):
 
 def keras_assign_state(model, optimizer, state):
     """Write a train state back into the Keras model and optimizer (to evaluate, save, ...)."""
-    for variables, values in zip((model.trainable_variables, model.non_trainable_variables,
-                                  optimizer.variables), state):
-        for variable, value in zip(variables, values):
-            # A copy: Keras' fit/evaluate donate their variables' buffers, deleting them.
-            variable.assign(jax.device_put(value, may_alias=False))
+    variables = model.trainable_variables + model.non_trainable_variables + optimizer.variables
+    for variable, value in zip(variables, jax.tree.leaves(state)):
+        variable.assign(jax.device_put(value, may_alias=False))  # a copy
 

@@ -27,8 +27,7 @@ def training_memory(num_params, activation_bytes=0, optimizer="adam", param_shar
     """Bytes per device of parameters, gradients, optimizer state, activations, and the total."""
     if optimizer not in OPTIMIZER_STATE_COPIES:
         raise ValueError(f"unknown optimizer {optimizer!r}; use one of "
-                         f"{sorted(OPTIMIZER_STATE_COPIES)} or add its number of state "
-                         f"arrays per parameter to OPTIMIZER_STATE_COPIES")
+                         f"{sorted(OPTIMIZER_STATE_COPIES)} or add it to OPTIMIZER_STATE_COPIES")
     d2l.check_positive(num_params=num_params, param_shards=param_shards,
                        batch_shards=batch_shards, bytes_per_value=bytes_per_value)
     if not activation_bytes >= 0:
@@ -37,8 +36,7 @@ def training_memory(num_params, activation_bytes=0, optimizer="adam", param_shar
     memory = {"parameters": params, "gradients": params,
               "optimizer state": OPTIMIZER_STATE_COPIES[optimizer] * params,
               "activations": activation_bytes / batch_shards}
-    memory["total"] = sum(memory.values())
-    return memory
+    return {**memory, "total": sum(memory.values())}
 
 
 def saved_activation_bytes(f, *args):
@@ -46,12 +44,10 @@ def saved_activation_bytes(f, *args):
     listing = io.StringIO()
     with contextlib.redirect_stdout(listing):
         jax.ad_checkpoint.print_saved_residuals(f, *args)
-    total = 0
-    for line in listing.getvalue().splitlines():  # e.g. 'f32[4,5] output of tanh from ...'
-        bits, dims = re.match(r"[a-z]+(\d*)\[([\d,]*)\]", line).groups()  # bool: no bits
-        if "from the argument" not in line:
-            total += math.prod(int(n) for n in dims.split(",") if n) * int(bits or 8) // 8
-    return total
+    saved = [line for line in listing.getvalue().splitlines() if "from the argument" not in line]
+    shapes = [re.match(r"[a-z]+(\d*)\[([\d,]*)\]", line).groups() for line in saved]  # f32[4,5]
+    return sum(math.prod(int(n) for n in dims.split(",") if n) * int(bits or 8) // 8
+               for bits, dims in shapes)  # bool has no bits: one byte
 
 
 def transformer_footprint(num_layers, d_model, num_heads, seq_len, batch_size, vocab_size,
@@ -61,15 +57,13 @@ def transformer_footprint(num_layers, d_model, num_heads, seq_len, batch_size, v
 
     def measure(layers, remat):
         with nnx.use_eager_sharding(False):  # shapes only: no arrays, no mesh needed
-            graphdef, state = nnx.split(nnx.eval_shape(lambda: TransformerLM(
-                vocab_size, seq_len, d_model, num_heads, layers, remat=remat,
-                rngs=nnx.Rngs(0))))
+            model = nnx.eval_shape(lambda: TransformerLM(vocab_size, seq_len, d_model, num_heads,
+                                                         layers, remat=remat, rngs=nnx.Rngs(0)))
         tokens = jax.ShapeDtypeStruct((batch_size, seq_len), jnp.int32)
-        loss = lambda state, X: lm_loss(nnx.merge(graphdef, state), X, X)
-        return count_params(state), saved_activation_bytes(loss, state, tokens)
+        return count_params(model), saved_activation_bytes(lm_loss, model, tokens, tokens)
 
     (params1, act1), (params2, act2) = measure(1, remat), measure(2, remat)
     activations = act1 + (num_layers - 1) * (act2 - act1)
-    if remat:
+    if remat:  # plus the activations of the one block being recomputed
         activations += measure(2, False)[1] - measure(1, False)[1]
     return params1 + (num_layers - 1) * (params2 - params1), activations

@@ -62,13 +62,10 @@ def train(num_devices, batch_size, lr, num_epochs=10, data=None):
         loss = float(loss[0])  # waits for the last step, so the timer sees all the work
         timer.stop()
         if not math.isfinite(loss):
-            raise FloatingPointError(
-                f"the loss became {loss} in epoch {epoch + 1} with lr={lr}; the learning "
-                f"rate is too large for batch {batch_size}: try lr={lr / 10:g}")
-        acc = d2l.evaluate_accuracy(d2l.unreplicate(params),
-                                    data.get_dataloader(train=False))
+            raise FloatingPointError(f"the loss became {loss} in epoch {epoch + 1} with lr={lr}, "
+                                     f"too large for batch {batch_size}: try lr={lr / 10:g}")
+        acc = d2l.evaluate_accuracy(d2l.unreplicate(params), data.get_dataloader(train=False))
         animator.add(epoch + 1, acc)
-        history.append({"epoch": epoch + 1, "loss": loss, "test_acc": acc,
-                        "sec": timer.times[-1]})
+        history.append({"epoch": epoch + 1, "loss": loss, "test_acc": acc, "sec": timer.times[-1]})
     print(f"test acc: {acc:.2f}, {timer.avg():.1f} sec/epoch on {d2l.describe(devices)}")
     return d2l.unreplicate(params), history, animator

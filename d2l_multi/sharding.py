@@ -65,16 +65,8 @@ def abstract_state(model_fn, mesh, rules):
 def create_sharded(model_fn, mesh, rules):
     """Build ``model_fn()`` inside ``nnx.jit``: each device only ever holds its own shards."""
     abstract_state(model_fn, mesh, rules)  # checks the rules and the layout first
-
-    @nnx.jit
-    def create():
-        model = model_fn()
-        state = nnx.state(model)
-        nnx.update(model, jax.lax.with_sharding_constraint(state, nnx.get_partition_spec(state)))
-        return model
-
     with use_sharding(mesh, rules):
-        return create()
+        return nnx.jit(model_fn)()
 
 
 def bytes_per_device(tree):

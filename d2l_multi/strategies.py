@@ -23,8 +23,7 @@ STRATEGIES = {  # name: (mesh shape over ('data', 'model'), -1 = the remaining d
 
 
 def sharding_rules(strategy):
-    """The mesh shape and the complete rules (every logical axis, None = replicated) of one of
-    ``STRATEGIES``: the one place where DP, FSDP, TP and their mixes differ."""
+    """The mesh shape and the complete rules (None = replicated) of one of ``STRATEGIES``."""
     if strategy not in STRATEGIES:
         raise ValueError(f"unknown strategy {strategy!r}; use one of {list(STRATEGIES)}")
     shape, rules = STRATEGIES[strategy]
@@ -32,8 +31,7 @@ def sharding_rules(strategy):
 
 
 def reshard(model, mesh, rules):
-    """A copy of ``model`` (or an nnx.Optimizer) laid out on ``mesh`` by ``rules``: its arrays
-    move between devices as the new layout asks, and its values stay the same."""
+    """A copy of ``model`` (or an nnx.Optimizer) laid out on ``mesh`` by ``rules``, same values."""
     d2l.check_rules(rules, mesh)
     graphdef, state = nnx.split(model)
     with d2l.use_sharding(mesh, rules):
@@ -51,8 +49,7 @@ def shard_tokens(X, Y, mesh, rules):
 
 @nnx.jit
 def lm_train_step(model, optimizer, X, Y):
-    """One optimizer step on the batch (X, Y). Nothing here names a device: the layouts of the
-    model, the optimizer state and the batch decide how the compiler parallelises it."""
+    """One optimizer step on (X, Y); the layouts of its inputs decide how it is parallelised."""
     loss, grads = nnx.value_and_grad(d2l.lm_loss)(model, X, Y)
     optimizer.update(model, grads)
     if not jax.sharding.get_abstract_mesh().empty:  # keep the layouts the state came in with;
@@ -63,7 +60,6 @@ def lm_train_step(model, optimizer, X, Y):
 
 
 def bubble_fraction(num_stages, num_micro):
-    """The fraction of a pipeline's time that each of ``num_stages`` stages sits idle when a
-    batch of ``num_micro`` micro-batches flows through it (GPipe and 1F1B alike)."""
+    """The idle fraction of each of ``num_stages`` stages with ``num_micro`` micro-batches."""
     d2l.check_positive(num_stages=num_stages, num_micro=num_micro)
     return (num_stages - 1) / (num_micro + num_stages - 1)

@@ -2,7 +2,6 @@
 ('embed', 'heads', 'mlp', 'vocab'; its activations 'batch'), and its loss."""
 import flax.core.spmd
 import jax
-import jax.numpy as jnp
 import optax
 from flax import nnx
 from jax.sharding import PartitionSpec as P
@@ -26,25 +25,16 @@ def logical_constraint(x, names):
     return jax.lax.with_sharding_constraint(x, P(*[rules.get(n) if n else None for n in names]))
 
 
-class CausalSelfAttention(nnx.Module):
-    """Multi-head self-attention in which each position sees itself and earlier positions."""
+class CausalSelfAttention(nnx.MultiHeadAttention):
+    """Flax's multi-head self-attention, each position seeing itself and earlier positions."""
 
     def __init__(self, d_model, num_heads, *, rngs):
-        if d_model % num_heads:
-            raise ValueError(f"d_model={d_model} must be a multiple of num_heads={num_heads}")
-        self.num_heads = num_heads
-        self.query, self.key, self.value = (
-            logical_linear(d_model, d_model, ("embed", "heads"), rngs=rngs) for _ in range(3))
-        self.out = logical_linear(d_model, d_model, ("heads", "embed"), rngs=rngs)
+        super().__init__(num_heads, d_model, use_bias=False, decode=False, rngs=rngs,
+                         kernel_init=logical_init(("embed", "heads", None)),
+                         out_kernel_init=logical_init(("heads", None, "embed")))
 
     def __call__(self, x):
-        B, T, D = x.shape
-        heads = lambda y: y.reshape(B, T, self.num_heads, D // self.num_heads)
-        q, k, v = heads(self.query(x)), heads(self.key(x)), heads(self.value(x))
-        scores = jnp.einsum("bthd,bshd->bhts", q, k) / jnp.sqrt(D // self.num_heads)
-        causal = jnp.tril(jnp.ones((T, T), dtype=bool))
-        weights = jax.nn.softmax(jnp.where(causal, scores, -1e9), axis=-1)
-        return self.out(jnp.einsum("bhts,bshd->bthd", weights, v).reshape(B, T, D))
+        return super().__call__(x, mask=nnx.make_causal_mask(x[..., 0]))
 
 
 class MLP(nnx.Module):
@@ -61,11 +51,11 @@ class MLP(nnx.Module):
 class TransformerBlock(nnx.Module):
     """A pre-LayerNorm block: x + attention(norm(x)), then x + MLP(norm(x))."""
 
-    def __init__(self, d_model, num_heads, d_ff, *, rngs):
+    def __init__(self, d_model, num_heads, d_ff=None, *, rngs):
         self.norm1 = nnx.LayerNorm(d_model, rngs=rngs)  # LayerNorms: no names, replicated
         self.attention = CausalSelfAttention(d_model, num_heads, rngs=rngs)
         self.norm2 = nnx.LayerNorm(d_model, rngs=rngs)
-        self.mlp = MLP(d_model, d_ff, rngs=rngs)
+        self.mlp = MLP(d_model, d_ff or 4 * d_model, rngs=rngs)
 
     def __call__(self, x):
         x = logical_constraint(x, ("batch", None, None))  # activations: split by examples
@@ -78,7 +68,6 @@ class TransformerLM(nnx.Module):
 
     def __init__(self, vocab_size, seq_len, d_model=64, num_heads=8, num_layers=2, d_ff=None,
                  remat=False, *, rngs):
-        d_ff = 4 * d_model if d_ff is None else d_ff
         self.remat = remat
         self.embed = nnx.Embed(vocab_size, d_model, rngs=rngs,
                                embedding_init=logical_init(("vocab", "embed")))

@@ -57,6 +57,14 @@ def test_ring_allreduce_equals_psum_pmap_and_shard_map():
     np.testing.assert_allclose(sm(x), want, atol=1e-5)
 
 
+@pytest.mark.parametrize("k", [1, 3])
+def test_ring_allreduce_on_one_or_an_odd_number_of_devices(k):
+    x = jax.random.normal(jax.random.key(0), (k, 5))
+    got = jax.pmap(lambda v: d2l.ring_allreduce(v, "i"), axis_name="i",
+                   devices=jax.devices()[:k])(x)
+    np.testing.assert_allclose(got, jnp.broadcast_to(x.sum(0), x.shape), atol=1e-5)
+
+
 def test_allreduce_by_hand_gives_everyone_the_sum():
     data = [jax.device_put(jnp.full(3, i + 1.0), d) for i, d in enumerate(jax.devices())]
     out = d2l.allreduce(data)
