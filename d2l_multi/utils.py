@@ -64,12 +64,19 @@ def check_positive(**values):
 
 
 def max_difference(a, b):
-    """The largest absolute difference between matching arrays of two pytrees, as a float."""
+    """The largest absolute difference between matching arrays of two pytrees, as a float.
+    Matching arrays have one shape, or one of them stacks copies along a leading axis (one per
+    device, as ``pmap`` keeps them) and every copy is compared; nothing else is broadcast."""
     import jax
-    diffs = jax.tree.map(lambda x, y: float(np.max(np.abs(np.asarray(x, np.float64)
-                                                           - np.asarray(y, np.float64)))),
-                         a, b)
-    return max(jax.tree.leaves(diffs), default=0.0)
+
+    def difference(path, x, y):
+        x, y = np.asarray(x, np.float64), np.asarray(y, np.float64)
+        if x.shape != y.shape and x.shape[1:] != y.shape and x.shape != y.shape[1:]:
+            raise ValueError(f"max_difference: shapes {x.shape} and {y.shape} differ at "
+                             f"{jax.tree_util.keystr(path) or 'the root'}; compare arrays of one "
+                             f"shape, or a stack of copies (leading axis) with one copy")
+        return float(np.max(np.abs(x - y), initial=0.0))
+    return max(jax.tree.leaves(jax.tree.map_with_path(difference, a, b)), default=0.0)
 
 
 def time_call(f, *args, repeat=5, warmup=1):

@@ -96,6 +96,20 @@ def test_max_difference_over_pytrees():
     b = {"w": np.ones((2, 2)) + 1e-3, "b": [np.full(3, -0.5), np.float32(1.25)]}
     assert d2l.max_difference(a, b) == pytest.approx(0.5)
     assert d2l.max_difference(a, a) == 0.0
+    assert d2l.max_difference({"e": np.zeros(0)}, {"e": np.zeros(0)}) == 0.0
+
+
+def test_max_difference_compares_every_copy_and_refuses_other_shapes():
+    """A stack of copies (one per device) is compared copy by copy with one copy; any other
+    shape mismatch is refused with the shapes, where they differ and what to compare."""
+    one = {"w": np.zeros((3, 2))}
+    copies = {"w": np.zeros((8, 3, 2))}
+    copies["w"][5, 1, 0] = 0.25
+    assert d2l.max_difference(copies, one) == d2l.max_difference(one, copies) == 0.25
+    for wrong in (np.zeros((2, 3)), np.zeros((3, 1)), np.zeros((8, 2, 3))):
+        with pytest.raises(ValueError, match=r"shapes \(3, 2\) and .* differ at \['w'\]; "
+                                             r"compare arrays of one shape"):
+            d2l.max_difference(one, {"w": wrong})
 
 
 def test_time_call_returns_the_median_and_waits(monkeypatch):

@@ -506,7 +506,7 @@ def checkpoint_layout():
             (3, "manifest.ocdbt", "index of the chunk database", "#555555"),
             (3, "ocdbt.process_0/", "array chunks, written by process 0's devices", "#555555"),
             (2, "data/", "item 'data': a Grain iterator's position (next notebook)", DEVICE[2]),
-            (1, "32.orbax-checkpoint-tmp-…/", "being written: ignored until renamed to 32/",
+            (1, "32.orbax-checkpoint-tmp/", "being written: ignored until renamed to 32/",
              DEVICE[3])]
     for i, (depth, name, note, color) in enumerate(rows):
         y = 3.6 - i * 0.36
