@@ -62,11 +62,16 @@ def lenet_specs(axis="model"):
     return [P(), P(), P(), P(), P(None, axis), P(axis), P(axis, None), P()]
 
 
-def state_specs(optimizer, params, specs):
-    """The train state's PartitionSpecs: ``specs`` for parameters and moments, P() for the rest."""
+def check_optimizer(optimizer):
+    """Raise a ValueError unless ``optimizer`` is an optax optimizer."""
     if not isinstance(optimizer, optax.GradientTransformation):
         raise ValueError(f"optimizer must be an optax optimizer, e.g. optax.adam(1e-3), got "
                          f"{type(optimizer).__name__}")
+
+
+def state_specs(optimizer, params, specs):
+    """The train state's PartitionSpecs: ``specs`` for parameters and moments, P() for the rest."""
+    d2l.check_optimizer(optimizer)
     d2l.check_specs(params, specs)
     opt_state = jax.eval_shape(optimizer.init, params)  # shapes only, nothing allocated
     return {"params": specs,

@@ -42,11 +42,16 @@ def shard_batch(X, y, mesh, axis_name="data"):
     return shard((X, y), mesh, P(axis_name))
 
 
-def make_train_step(optimizer, loss=None):
-    """A ``jax.jit`` step of ``loss`` (default ``d2l.loss_fn``); input shardings parallelise it."""
+def check_step_optimizer(optimizer):
+    """Raise a TypeError unless a step's ``optimizer`` is an optax optimizer (has ``update``)."""
     if not hasattr(optimizer, "update"):
         raise TypeError(f"optimizer must be an optax optimizer such as optax.sgd(0.1), "
                         f"got {optimizer!r}")
+
+
+def make_train_step(optimizer, loss=None):
+    """A ``jax.jit`` step of ``loss`` (default ``d2l.loss_fn``); input shardings parallelise it."""
+    d2l.check_step_optimizer(optimizer)
     loss = loss or d2l.loss_fn
 
     @jax.jit
@@ -59,9 +64,7 @@ def make_train_step(optimizer, loss=None):
 
 def make_shard_map_step(mesh, optimizer, loss=None, axis_name="data"):
     """``make_train_step`` per device (``jax.shard_map``): the gradient of ``pmean(local loss)``."""
-    if not hasattr(optimizer, "update"):
-        raise TypeError(f"optimizer must be an optax optimizer such as optax.sgd(0.1), "
-                        f"got {optimizer!r}")
+    d2l.check_step_optimizer(optimizer)
     d2l.check_spec(P(axis_name), mesh)
     loss = loss or d2l.loss_fn
 
@@ -77,11 +80,16 @@ def make_shard_map_step(mesh, optimizer, loss=None, axis_name="data"):
 COLLECTIVES = ("all-reduce", "all-gather", "reduce-scatter", "all-to-all", "collective-permute")
 
 
-def count_collectives(hlo_text):
-    """Count each collective in a compiled program's HLO text (a -start/-done pair: once)."""
+def check_hlo_text(hlo_text):
+    """Raise a TypeError unless ``hlo_text`` is HLO text (a string), not a compiled program."""
     if not isinstance(hlo_text, str):
         raise TypeError(f"count_collectives reads HLO text, not a {type(hlo_text).__name__}; "
                         f"pass f.lower(*args).compile().as_text()")
+
+
+def count_collectives(hlo_text):
+    """Count each collective in a compiled program's HLO text (a -start/-done pair: once)."""
+    d2l.check_hlo_text(hlo_text)
     counts = dict.fromkeys(COLLECTIVES, 0)
     for op in re.findall(r"\b(" + "|".join(COLLECTIVES) + r")(?:-start)?\(", hlo_text):
         counts[op] += 1

@@ -13,6 +13,15 @@ from jax.sharding import NamedSharding, PartitionSpec as P
 import d2l_multi as d2l
 
 
+def check_collective_inputs(collective, ops, num_devices, num_bytes):
+    """Raise a ValueError unless ``collective`` is in ``ops``, k >= 2 and 4k divides num_bytes."""
+    k = num_devices
+    if collective not in ops or not isinstance(k, int) or k < 2:
+        raise ValueError(f"use one of {list(ops)} on num_devices >= 2, got {collective!r}, {k!r}")
+    d2l.check_positive(num_bytes=num_bytes)
+    d2l.check_divisible(num_bytes, 4 * k, "num_bytes", f"float32 blocks of {k} devices")
+
+
 def collective_loop(collective, num_devices, num_bytes):
     """(program, input, calls): ``collective`` in a ``shard_map`` loop on ``num_devices``."""
     k = num_devices
@@ -21,10 +30,7 @@ def collective_loop(collective, num_devices, num_bytes):
            "psum_scatter": lambda x: x.at[:x.size // k].set(
                lax.psum_scatter(x, "data", tiled=True)),
            "ppermute": lambda x: lax.ppermute(x, "data", [(i, (i + 1) % k) for i in range(k)])}
-    if collective not in ops or not isinstance(k, int) or k < 2:
-        raise ValueError(f"use one of {list(ops)} on num_devices >= 2, got {collective!r}, {k!r}")
-    d2l.check_positive(num_bytes=num_bytes)
-    d2l.check_divisible(num_bytes, 4 * k, "num_bytes", f"float32 blocks of {k} devices")
+    d2l.check_collective_inputs(collective, ops, k, num_bytes)
     calls = int(np.clip(2 ** 22 // num_bytes, 1, 32))  # up to 4 MB of traffic per program
     loop = lambda x: lax.fori_loop(0, calls, lambda i, x: ops[collective](x), x)
     mesh = d2l.device_mesh((k,))
@@ -67,13 +73,19 @@ def measure_collectives(collectives, device_counts, sizes, repeat=5):
     return rows
 
 
-def fit_alpha_beta(num_bytes, seconds):
-    """(alpha, beta) >= 0 of ``seconds = alpha + beta num_bytes``, by relative least squares."""
+def check_alpha_beta_inputs(num_bytes, seconds):
+    """Raise a ValueError unless each size has a time, all finite and > 0, and two sizes differ."""
     n, t = np.asarray(num_bytes, float), np.asarray(seconds, float)
     if n.ndim != 1 or n.shape != t.shape or len(np.unique(n)) < 2 or not np.all(
             np.isfinite(n * t) & (n > 0) & (t > 0)):
         raise ValueError(f"need as many times as sizes, at least two different sizes, all finite "
                          f"and > 0 (drop failed measurements); got {n.tolist()}, {t.tolist()}")
+
+
+def fit_alpha_beta(num_bytes, seconds):
+    """(alpha, beta) >= 0 of ``seconds = alpha + beta num_bytes``, by relative least squares."""
+    n, t = np.asarray(num_bytes, float), np.asarray(seconds, float)
+    d2l.check_alpha_beta_inputs(n, t)
     A = np.stack([1 / t, n / t], axis=1)              # relative error: each row divided by t
     alpha, beta = np.linalg.lstsq(A, np.ones_like(t), rcond=None)[0]
     if alpha < 0 or beta < 0:                         # the best fit with that one at 0
@@ -83,13 +95,18 @@ def fit_alpha_beta(num_bytes, seconds):
     return float(alpha), float(beta)
 
 
+def check_cost_analysis(cost):
+    """Raise a ValueError if the backend's ``cost_analysis()`` gave no FLOP count."""
+    if not cost or "flops" not in cost:
+        raise ValueError(f"the {jax.default_backend()} backend reports no cost analysis for "
+                         f"this program; count its FLOPs by hand")
+
+
 def step_cost(step, *args):
     """FLOPs and bytes accessed that XLA counts in ``step(*args)`` or a compiled ``step``."""
     compiled = step if hasattr(step, "cost_analysis") else jax.jit(step).lower(*args).compile()
     cost = compiled.cost_analysis()
-    if not cost or "flops" not in cost:
-        raise ValueError(f"the {jax.default_backend()} backend reports no cost analysis for "
-                         f"this program; count its FLOPs by hand")
+    d2l.check_cost_analysis(cost)
     return {"flops": cost["flops"], "bytes": cost.get("bytes accessed", 0.0)}
 
 
@@ -119,15 +136,20 @@ def cpu_time_call(f, *args, repeat=5):
     return (time.process_time() - cpu) / repeat, (time.perf_counter() - wall) / repeat
 
 
+def check_step_time_inputs(compute_time, grad_bytes, alpha, beta):
+    """Raise a ValueError unless the compute time is finite and all four are >= 0."""
+    if not (math.isfinite(compute_time) and min(compute_time, grad_bytes, alpha, beta) >= 0):
+        raise ValueError(f"compute_time, grad_bytes, alpha and beta must be finite and >= 0, got "
+                         f"{compute_time}, {grad_bytes}, {alpha}, {beta}")
+
+
 def predict_step_time(compute_time, num_devices, grad_bytes, alpha, beta, overlap=False,
                       parallelism=None):
     """Seconds of a data-parallel step: k shares, ``parallelism`` at a time, a ring allreduce."""
     k = num_devices
     parallelism = k if parallelism is None else parallelism
     d2l.check_positive(num_devices=k, parallelism=parallelism)
-    if not (math.isfinite(compute_time) and min(compute_time, grad_bytes, alpha, beta) >= 0):
-        raise ValueError(f"compute_time, grad_bytes, alpha and beta must be finite and >= 0, got "
-                         f"{compute_time}, {grad_bytes}, {alpha}, {beta}")
+    d2l.check_step_time_inputs(compute_time, grad_bytes, alpha, beta)
     compute = compute_time * k / parallelism
     allreduce = 2 * (k - 1) * alpha + 2 * (k - 1) / k * grad_bytes * beta
     backward = 2 / 3 * compute if overlap else 0.0

@@ -98,12 +98,17 @@ def detect_cluster(environ=None):
     return "tpu" if environ is None and _on_cloud_tpu_vm() else None
 
 
-def check_device_counts(devices_per_process=None):
-    """Raise unless every process has ``devices_per_process`` devices (default: as process 0)."""
+def check_devices_per_process(devices_per_process):
+    """Raise a ValueError unless ``devices_per_process`` is a positive integer or None."""
     if devices_per_process is not None and (type(devices_per_process) is not int
                                             or devices_per_process < 1):
         raise ValueError(f"devices_per_process must be a positive integer or None, got "
                          f"{devices_per_process!r}")
+
+
+def check_device_counts(devices_per_process=None):
+    """Raise unless every process has ``devices_per_process`` devices (default: as process 0)."""
+    d2l.check_devices_per_process(devices_per_process)
     processes, counts = np.unique([d.process_index for d in jax.devices()], return_counts=True)
     expected = devices_per_process or int(counts[0])
     if (counts != expected).any():
@@ -227,8 +232,8 @@ def initialize_distributed(heartbeat_timeout=None, collective_timeout=None):
     return jax.process_index(), jax.process_count()
 
 
-def process_batches(X, y, batch_size, shuffle=False, seed=0, epoch=0):
-    """Yield this process's rows ``(X, y, weight)`` of every global batch of ``batch_size``."""
+def check_batch_inputs(X, y, batch_size, seed, epoch):
+    """Raise a ValueError unless ``process_batches`` can take these arguments."""
     if len(X) != len(y):
         raise ValueError(f"X has {len(X)} examples but y has {len(y)} labels; pass one label "
                          f"per example")
@@ -236,6 +241,11 @@ def process_batches(X, y, batch_size, shuffle=False, seed=0, epoch=0):
     for name, value in [("seed", seed), ("epoch", epoch)]:
         if isinstance(value, bool) or not isinstance(value, int) or value < 0:
             raise ValueError(f"{name} must be a non-negative integer, got {value!r}")
+
+
+def process_batches(X, y, batch_size, shuffle=False, seed=0, epoch=0):
+    """Yield this process's rows ``(X, y, weight)`` of every global batch of ``batch_size``."""
+    d2l.check_batch_inputs(X, y, batch_size, seed, epoch)
     n, num_processes, p = len(X), jax.process_count(), jax.process_index()
     d2l.check_divisible(batch_size, num_processes, over="processes")
     order = np.random.default_rng((seed, epoch)).permutation(n) if shuffle else np.arange(n)
@@ -250,12 +260,17 @@ def process_batches(X, y, batch_size, shuffle=False, seed=0, epoch=0):
         yield X[order[rows]], y[order[rows]], weight[rows]
 
 
-def global_batch(mesh, *local_arrays):
-    """Assemble each process's rows into global arrays sharded over ``mesh``'s first axis."""
+def check_mesh_and_arrays(mesh, local_arrays):
+    """Raise a ValueError unless ``mesh`` is a Mesh and ``local_arrays`` holds some arrays."""
     if not isinstance(mesh, jax.sharding.Mesh):
         raise ValueError(f"mesh must be a jax.sharding.Mesh, e.g. d2l.device_mesh(), got "
                          f"{type(mesh).__name__}")
     if not local_arrays:
         raise ValueError("pass the arrays to assemble, e.g. global_batch(mesh, X, y)")
+
+
+def global_batch(mesh, *local_arrays):
+    """Assemble each process's rows into global arrays sharded over ``mesh``'s first axis."""
+    d2l.check_mesh_and_arrays(mesh, local_arrays)
     sharding = NamedSharding(mesh, P(mesh.axis_names[0]))
     return tuple(jax.make_array_from_process_local_data(sharding, a) for a in local_arrays)

@@ -134,13 +134,18 @@ def update_model(state, grads):
     return state.apply_gradients(grads=grads)
 
 
-def cnn_from_linen(params):
-    """An NNX ``CNN`` holding ``LinenCNN``'s ``params``, matched layer by layer by name."""
-    layers = {"conv1": "Conv_0", "conv2": "Conv_1", "dense1": "Dense_0", "dense2": "Dense_1"}
-    missing = sorted(set(layers.values()) - set(params))
+def check_linen_layers(params, names):
+    """Raise a ValueError naming the layers among ``names`` that Linen's ``params`` lacks."""
+    missing = sorted(set(names) - set(params))
     if missing:
         raise ValueError(f"params has no layers {missing} (it has {sorted(params)}); pass "
                          f"LinenCNN's parameters, e.g. create_train_state(...).params")
+
+
+def cnn_from_linen(params):
+    """An NNX ``CNN`` holding ``LinenCNN``'s ``params``, matched layer by layer by name."""
+    layers = {"conv1": "Conv_0", "conv2": "Conv_1", "dense1": "Dense_0", "dense2": "Dense_1"}
+    d2l.check_linen_layers(params, layers.values())
     model = nnx.eval_shape(lambda: CNN(rngs=nnx.Rngs(0)))  # the structure; no values drawn
     nnx.update(model, {mine: dict(params[theirs]) for mine, theirs in layers.items()})
     return model
@@ -177,14 +182,19 @@ class Residual(nnx.Module):
         return nnx.relu(y + x)
 
 
+def check_arch(arch):
+    """Raise a ValueError unless ``arch`` is one or more positive ``(num_residuals, channels)``."""
+    if not arch:
+        raise ValueError("arch is empty: give one (num_residuals, channels) per stage")
+    for num_residuals, num_channels in arch:
+        d2l.check_positive(num_residuals=num_residuals, num_channels=num_channels)
+
+
 class ResNet(nnx.Module):
     """d2l's ResNet for 28x28 images: a 3x3 stem, one stage per ``(num_residuals, channels)``."""
 
     def __init__(self, arch, num_classes=10, *, rngs):
-        if not arch:
-            raise ValueError("arch is empty: give one (num_residuals, channels) per stage")
-        for num_residuals, num_channels in arch:
-            d2l.check_positive(num_residuals=num_residuals, num_channels=num_channels)
+        d2l.check_arch(arch)
         channels = arch[0][1]
         self.stem = nnx.Conv(1, channels, (3, 3), padding=1, rngs=rngs)
         self.bn = nnx.BatchNorm(channels, momentum=0.9, rngs=rngs)

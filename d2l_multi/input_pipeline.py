@@ -6,13 +6,18 @@ import grain
 import d2l_multi as d2l
 
 
+def check_same_length(X, y):
+    """Raise a ValueError unless ``X`` and ``y`` hold one label per example."""
+    if len(X) != len(y):
+        raise ValueError(f"X has {len(X)} examples but y has {len(y)} labels; pass arrays "
+                         f"with one label per example (the same first dimension)")
+
+
 class ArraySource:
     """A Grain data source over two arrays: record ``i`` is ``(X[i], y[i])``."""
 
     def __init__(self, X, y):
-        if len(X) != len(y):
-            raise ValueError(f"X has {len(X)} examples but y has {len(y)} labels; pass arrays "
-                             f"with one label per example (the same first dimension)")
+        d2l.check_same_length(X, y)
         self.X, self.y = X, y
 
     def __len__(self):
@@ -57,21 +62,26 @@ class CheckedPipeline(grain.IterDataset):
         return CheckedIterator(self._parent.__iter__(), self.description)
 
 
-def grain_loader(source, batch_size, seed=0, num_epochs=None, shard_options=None):
-    """This process's batches of ``source``, reshuffled every epoch (num_epochs=None: forever)."""
-    if shard_options is None:
-        shard_options = grain.sharding.ShardByJaxProcess(drop_remainder=True)
-    count, index = shard_options.shard_count, shard_options.shard_index
-    per_shard = len(source) // count
+def check_loader_inputs(num_records, count, batch_size, seed, num_epochs):
+    """Raise a ValueError unless ``batch_size``, ``seed`` and ``num_epochs`` suit a shard."""
+    per_shard = num_records // count
     if isinstance(batch_size, bool) or not isinstance(batch_size, int) or not (
             1 <= batch_size <= per_shard):
         raise ValueError(f"batch_size={batch_size!r}, but this process's shard holds {per_shard} "
-                         f"records ({len(source)} records / {count} shards); pass an integer "
+                         f"records ({num_records} records / {count} shards); pass an integer "
                          f"from 1 to {per_shard}")
     if isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed < 2**32:
         raise ValueError(f"seed must be an integer from 0 to 2**32 - 1, got {seed!r}")
     if num_epochs is not None:
         d2l.check_positive(num_epochs=num_epochs)
+
+
+def grain_loader(source, batch_size, seed=0, num_epochs=None, shard_options=None):
+    """This process's batches of ``source``, reshuffled every epoch (num_epochs=None: forever)."""
+    if shard_options is None:
+        shard_options = grain.sharding.ShardByJaxProcess(drop_remainder=True)
+    count, index = shard_options.shard_count, shard_options.shard_index
+    d2l.check_loader_inputs(len(source), count, batch_size, seed, num_epochs)
     stop = len(source) - len(source) % count if shard_options.drop_remainder else None
     dataset = (grain.MapDataset.source(source)
                .shuffle(seed=seed)       # a new order every epoch

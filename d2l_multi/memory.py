@@ -22,16 +22,23 @@ def count_params(tree):
     return sum(math.prod(jnp.shape(x)) for x in jax.tree.leaves(tree))
 
 
-def training_memory(num_params, activation_bytes=0, optimizer="adam", param_shards=1,
-                    batch_shards=1, bytes_per_value=4):
-    """Bytes per device of parameters, gradients, optimizer state, activations, and the total."""
-    if optimizer not in OPTIMIZER_STATE_COPIES:
+def check_memory_inputs(optimizer, copies, num_params, activation_bytes, param_shards,
+                        batch_shards, bytes_per_value):
+    """Raise a ValueError unless ``optimizer`` is in ``copies``, sizes > 0 and activations >= 0."""
+    if optimizer not in copies:
         raise ValueError(f"unknown optimizer {optimizer!r}; use one of "
-                         f"{sorted(OPTIMIZER_STATE_COPIES)} or add it to OPTIMIZER_STATE_COPIES")
+                         f"{sorted(copies)} or add it to OPTIMIZER_STATE_COPIES")
     d2l.check_positive(num_params=num_params, param_shards=param_shards,
                        batch_shards=batch_shards, bytes_per_value=bytes_per_value)
     if not activation_bytes >= 0:
         raise ValueError(f"activation_bytes must be a number >= 0, got {activation_bytes!r}")
+
+
+def training_memory(num_params, activation_bytes=0, optimizer="adam", param_shards=1,
+                    batch_shards=1, bytes_per_value=4):
+    """Bytes per device of parameters, gradients, optimizer state, activations, and the total."""
+    d2l.check_memory_inputs(optimizer, OPTIMIZER_STATE_COPIES, num_params, activation_bytes,
+                            param_shards, batch_shards, bytes_per_value)
     params = num_params * bytes_per_value / param_shards
     memory = {"parameters": params, "gradients": params,
               "optimizer state": OPTIMIZER_STATE_COPIES[optimizer] * params,

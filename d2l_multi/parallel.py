@@ -20,11 +20,16 @@ def check_divisible(size, parts, what="batch size", over="devices"):
                          f"use a multiple of {parts}, e.g. {options}")
 
 
-def split_batch(X, y, num_devices):
-    """Split ``X`` and ``y`` into ``num_devices`` equal shards along a new leading axis."""
+def check_labels(X, y):
+    """Raise a ValueError unless ``y`` holds one label per example of ``X``."""
     if len(X) != len(y):
         raise ValueError(f"X has {len(X)} examples but y has {len(y)} labels; pass one "
                          f"label per example")
+
+
+def split_batch(X, y, num_devices):
+    """Split ``X`` and ``y`` into ``num_devices`` equal shards along a new leading axis."""
+    d2l.check_labels(X, y)
     check_divisible(len(X), num_devices)
     return (X.reshape(num_devices, -1, *X.shape[1:]),
             y.reshape(num_devices, -1, *y.shape[1:]))
@@ -45,6 +50,13 @@ def train_batch(params, X, y, num_devices, lr):
     return pmap_sgd_step(params, X_shards, y_shards, lr)
 
 
+def check_finite_loss(loss, epoch, lr, batch_size):
+    """Raise a FloatingPointError suggesting a smaller ``lr`` unless ``loss`` is finite."""
+    if not math.isfinite(loss):
+        raise FloatingPointError(f"the loss became {loss} in epoch {epoch} with lr={lr}, "
+                                 f"too large for batch {batch_size}: try lr={lr / 10:g}")
+
+
 def train(num_devices, batch_size, lr, num_epochs=10, data=None):
     """Train LeNet on ``num_devices`` devices; return unreplicated params and history."""
     devices = d2l.devices(num_devices)
@@ -61,9 +73,7 @@ def train(num_devices, batch_size, lr, num_epochs=10, data=None):
             params, loss = train_batch(params, X, y, num_devices, lr)
         loss = float(loss[0])  # waits for the last step, so the timer sees all the work
         timer.stop()
-        if not math.isfinite(loss):
-            raise FloatingPointError(f"the loss became {loss} in epoch {epoch + 1} with lr={lr}, "
-                                     f"too large for batch {batch_size}: try lr={lr / 10:g}")
+        d2l.check_finite_loss(loss, epoch + 1, lr, batch_size)
         acc = d2l.evaluate_accuracy(d2l.unreplicate(params), data.get_dataloader(train=False))
         animator.add(epoch + 1, acc)
         history.append({"epoch": epoch + 1, "loss": loss, "test_acc": acc, "sec": timer.times[-1]})
