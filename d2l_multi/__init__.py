@@ -11,8 +11,9 @@ __version__ = "0.1.0"
 
 _MODULES = {  # module: the public names it holds, in the chapter's order
     "smoke_switch": ["SMOKE_ENV", "pick", "shrink", "smoke"],
-    "hardware": ["choose_devices", "describe", "device_mesh", "devices", "num_gpus",
-                 "simulate_devices", "size_cpu_thread_pool", "try_all_gpus", "try_gpu"],
+    "hardware": ["choose_devices", "describe", "describe_machine", "device_mesh", "devices",
+                 "num_gpus", "simulate_devices", "size_cpu_thread_pool", "try_all_gpus",
+                 "try_gpu"],
     "utils": ["Accumulator", "Timer", "check_positive", "max_difference", "time_call"],
     "plot": ["Animator", "set_axes", "show_images", "use_svg_display"],
     "data": ["DATA_ENV", "DataError", "FashionMNIST", "MNIST", "cache_dir", "dataset_dir",

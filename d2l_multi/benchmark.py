@@ -55,17 +55,10 @@ def _counts(name, text, least, example):
 def _machine():
     import jax
     import jaxlib
-    cpu = platform.processor() or platform.machine()
-    try:
-        with open("/proc/cpuinfo") as f:
-            cpu = next(line.split(":", 1)[1].strip() for line in f if "model name" in line)
-    except (OSError, StopIteration):
-        pass
-    load = " ".join(f"{x:.2f}" for x in os.getloadavg()) if hasattr(os, "getloadavg") else "?"
+    from .hardware import describe_machine
     devices = jax.devices()
     return "\n".join([
-        f"machine: {cpu}, {os.cpu_count()} cores, load average {load}, "
-        f"{platform.system()} {platform.release()}",
+        f"machine: {describe_machine()}",
         f"python {platform.python_version()}, jax {jax.__version__}, jaxlib {jaxlib.__version__}, "
         f"devices: {len(devices)} x {devices[0].device_kind}"])
 

@@ -191,10 +191,26 @@ def parse_args(argv):
     return parser.parse_args(argv)
 
 
+def versions():
+    """'python 3.11.7, jax 0.10.2, ...': the versions that decide what the notebooks compute."""
+    import platform
+    from importlib import metadata
+    found = [f"python {platform.python_version()}"]
+    for name in ("jax", "jaxlib", "flax", "optax", "orbax-checkpoint", "grain", "keras"):
+        try:
+            found.append(f"{name} {metadata.version(name)}")
+        except metadata.PackageNotFoundError:
+            pass
+    return ", ".join(found)
+
+
 def main(argv=None):
     args = parse_args(sys.argv[1:] if argv is None else argv)
     mode = "smoke" if args.smoke else "off" if args.no_execute else "full"
     start = time.perf_counter()
+    if mode != "off":  # execution times mean something only next to the machine that ran them
+        from .hardware import describe_machine
+        print(f"machine before the build: {describe_machine()}\n{versions()}")
     try:
         index, rows = build_book(args.out, mode, rerun=args.rerun, quiet=args.quiet)
     except (RuntimeError, FileNotFoundError, FileExistsError) as err:

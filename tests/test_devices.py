@@ -145,3 +145,15 @@ def test_a_plain_loop_of_queued_multi_device_steps_finishes():
             "for i in range(400):\n    w = step(w, x)            # never waits\n"
             "print('finished', float(w[0, 0]) > 0)")
     assert run_python(code, timeout=240).split()[-2:] == ["finished", "True"]
+
+
+def test_the_machine_is_described_without_starting_jax():
+    """What a timing was measured on (the benchmarks, the book's execution table): CPU, cores,
+    load and OS, then the versions, with no JAX backend started."""
+    out = run_python("import sys, d2l_multi as d2l\nfrom d2l_multi import book\n"
+                     "print(d2l.describe_machine()); print(book.versions())\n"
+                     "print(sorted(m for m in ('jax', 'flax') if m in sys.modules))")
+    machine, versions, loaded = out.strip().splitlines()
+    assert f"{__import__('os').cpu_count()} cores, load average " in machine
+    assert versions.startswith("python 3.") and f"jax {jax.__version__}" in versions
+    assert loaded == "[]"
