@@ -331,7 +331,7 @@ def train(args, data=None):
                             "sec": sec})
             log(f"epoch {epoch + 1}: loss {history[-1]['train_loss']:.3f}, test acc "
                 f"{acc:.3f}, {sec:.1f} sec, step {step} ({jax.device_count()} devices in "
-                f"{jax.process_count()} processes)")
+                f"{jax.process_count()} process{'es' if jax.process_count() > 1 else ''})")
             if animator is not None:
                 animator.add(epoch + 1, (history[-1]["train_loss"], acc))
                 _save_log(args.out / "log.json", earlier + history)
