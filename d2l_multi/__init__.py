@@ -62,7 +62,7 @@ _MODULES = {  # module: the public names it holds, in the chapter's order
                    "checkpoint_manager", "lenet_specs", "restore_checkpoint", "save_checkpoint",
                    "saved_steps", "sharded_train_state", "state_specs", "train_steps"],
     "input_pipeline": ["ArraySource", "CheckedIterator", "CheckedPipeline", "check_loader_inputs",
-                       "check_same_length", "grain_loader"],
+                       "grain_loader"],
     # several processes
     "distributed": ["check_batch_inputs", "check_device_counts", "check_devices_per_process",
                     "check_mesh_and_arrays", "detect_cluster", "exit_worker", "global_batch",

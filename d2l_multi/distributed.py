@@ -234,9 +234,7 @@ def initialize_distributed(heartbeat_timeout=None, collective_timeout=None):
 
 def check_batch_inputs(X, y, batch_size, seed, epoch):
     """Raise a ValueError unless ``process_batches`` can take these arguments."""
-    if len(X) != len(y):
-        raise ValueError(f"X has {len(X)} examples but y has {len(y)} labels; pass one label "
-                         f"per example")
+    d2l.check_labels(X, y)
     d2l.check_positive(batch_size=batch_size)
     for name, value in [("seed", seed), ("epoch", epoch)]:
         if isinstance(value, bool) or not isinstance(value, int) or value < 0:

@@ -6,18 +6,11 @@ import grain
 import d2l_multi as d2l
 
 
-def check_same_length(X, y):
-    """Raise a ValueError unless ``X`` and ``y`` hold one label per example."""
-    if len(X) != len(y):
-        raise ValueError(f"X has {len(X)} examples but y has {len(y)} labels; pass arrays "
-                         f"with one label per example (the same first dimension)")
-
-
 class ArraySource:
     """A Grain data source over two arrays: record ``i`` is ``(X[i], y[i])``."""
 
     def __init__(self, X, y):
-        d2l.check_same_length(X, y)
+        d2l.check_labels(X, y)
         self.X, self.y = X, y
 
     def __len__(self):
