@@ -1,4 +1,5 @@
 """d2l's small helpers (Timer, Accumulator) and a few checks and measurements used throughout."""
+import functools
 import math
 import time
 
@@ -48,6 +49,17 @@ class Accumulator:
 
     def __getitem__(self, idx):
         return self.data[idx]
+
+
+def validated(fn, check):
+    """``fn`` behind its argument check: the returned function calls ``check(*args,
+    **kwargs)``, then ``fn``. The chapter shows ``fn`` as it is (``inspect.unwrap`` returns it);
+    the library's public name is the checked one, so bad input still gets a clear error."""
+    @functools.wraps(fn)
+    def checked(*args, **kwargs):
+        check(*args, **kwargs)
+        return fn(*args, **kwargs)
+    return checked
 
 
 def check_positive(**values):
