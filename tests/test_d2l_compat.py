@@ -34,7 +34,6 @@ def test_device_helpers_answer_like_d2l():
     assert d2l.try_gpu(10_000).platform == "cpu"  # no such device: the CPU, as in d2l
 
 
-@pytest.mark.needs_data
 def test_d2l_style_training_script_runs(tmp_path):
     # As written for `from d2l import jax as d2l`, only the import changed.
     import jax

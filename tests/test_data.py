@@ -215,7 +215,7 @@ def test_smoke_switch_shrinks_the_data(tiny, monkeypatch):
     assert len(data.train[0]) == 20 and len(data.val[0]) == 10
 
 
-real = pytest.mark.needs_data
+real = pytest.mark.needs_full_data
 
 
 @real
@@ -247,3 +247,56 @@ def test_real_mnist_and_d2l_style_api(monkeypatch):
     axes = d2l.FashionMNIST(16, num_train=16, num_val=16).visualize(
         next(iter(mnist.get_dataloader(False))), nrows=2, ncols=4)
     assert len(axes) == 8
+
+
+@pytest.fixture
+def no_full_copy(tmp_path, monkeypatch):
+    """No full copy anywhere: no D2L_MULTI_DATA, an empty cache, Debian's folder hidden."""
+    monkeypatch.delenv(dm.DATA_ENV, raising=False)
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    for spec in dm.DATASETS.values():
+        monkeypatch.setitem(spec, "debian", None)
+    dm._load_cached.cache_clear()
+    yield
+    dm._load_cached.cache_clear()
+
+
+@pytest.mark.parametrize("cls", [d2l.FashionMNIST, d2l.MNIST])
+def test_smoke_runs_use_the_shipped_sample_without_a_full_copy(cls, no_full_copy, monkeypatch):
+    monkeypatch.setenv(d2l.SMOKE_ENV, "1")
+    assert dm.dataset_dir(cls.name) == dm.sample_dir(cls.name)
+    data = cls(batch_size=64, num_train=8192)  # asks for more: the smoke switch keeps 2048
+    assert data.train[0].shape == (2048, 28, 28, 1) and data.val[0].shape == (512, 28, 28, 1)
+    assert sorted(np.unique(data.train[1])) == list(range(10))
+    with pytest.raises(ValueError, match="num_train=70000: pass a number of examples from 1 "
+                                         "to 60000"):
+        cls(batch_size=64, num_train=70000)   # checked against the full data set
+
+
+def test_full_runs_never_use_the_sample(no_full_copy, monkeypatch):
+    monkeypatch.delenv(d2l.SMOKE_ENV, raising=False)
+    with pytest.raises(dm.DataError, match="Provide the data in one of three ways"):
+        dm.dataset_dir("fashion-mnist", progress=False)   # the download is refused offline
+
+
+def test_a_damaged_sample_is_refused(no_full_copy, monkeypatch, tmp_path):
+    damaged = tmp_path / "sample" / "fashion-mnist"
+    damaged.mkdir(parents=True)
+    for f in dm.sample_dir("fashion-mnist").iterdir():
+        (damaged / f.name).write_bytes(f.read_bytes())
+    name = "t10k-labels-idx1-ubyte.gz"
+    (damaged / name).write_bytes(gzip.compress(b"\0\0\x08\x01\0\0\x02\0" + bytes(512)))
+    monkeypatch.setattr(dm, "sample_dir", lambda _: damaged)
+    monkeypatch.setenv(d2l.SMOKE_ENV, "1")
+    with pytest.raises(dm.DataError, match=f"{name}: checksum mismatch"):
+        d2l.FashionMNIST(64)
+
+
+@real
+@pytest.mark.parametrize("name", ["fashion-mnist", "mnist"])
+def test_the_sample_is_the_first_examples_of_the_full_data(name):
+    full = dm.load_dataset(name)
+    sample = dm._load_cached(name, str(dm.sample_dir(name)))
+    for split, n in dm.SAMPLE_SIZES.items():
+        for f, s in zip(full[split], sample[split]):
+            np.testing.assert_array_equal(f[:n], s)
