@@ -10,6 +10,8 @@
 * No process the tests start (notebook kernels and commands included) can open a network
   connection beyond this machine, and each treats warnings as the test process does:
   ``filterwarnings`` in pyproject.toml makes deprecations errors (tests/sandbox/).
+* A notebook whose kernel loses a request or a reply fails at once, naming the cell
+  (tests/kernel_watchdog.py), instead of waiting out the cell timeout.
 * The test processes, the notebook kernels and the programs the tests start share one JAX
   persistent compilation cache for the run, so a program several notebooks and tests compile
   alike, such as LeNet's data-parallel step, is compiled once.
@@ -26,8 +28,9 @@ import tempfile
 
 import pytest
 
-SANDBOX = pathlib.Path(__file__).resolve().parent / "sandbox"
-sys.path.insert(0, str(SANDBOX))
+TESTS = pathlib.Path(__file__).resolve().parent
+SANDBOX = TESTS / "sandbox"
+sys.path[:0] = [str(SANDBOX), str(TESTS)]
 import sandbox_rules  # noqa: E402
 
 _root = pathlib.Path(tempfile.mkdtemp(prefix="d2l_multi_tests_"))
@@ -37,10 +40,6 @@ for _name, _sub in [("HOME", "home"), ("XDG_CACHE_HOME", "cache"), ("XDG_CONFIG_
                     ("JUPYTER_CONFIG_DIR", "jupyter"), ("IPYTHONDIR", "ipython")]:
     (_root / _sub).mkdir()
     os.environ[_name] = str(_root / _sub)
-_startup = _root / "ipython" / "profile_default" / "startup"
-_startup.mkdir(parents=True)
-(_startup / "00-sandbox.py").write_text("import sandbox_rules\n"
-                                        "sandbox_rules.apply_warning_filters()\n")
 os.environ["PYTHONPATH"] = os.pathsep.join(
     [str(SANDBOX)] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p])
 os.environ.setdefault("MPLBACKEND", "Agg")
@@ -51,8 +50,10 @@ if "JAX_COMPILATION_CACHE_DIR" not in os.environ:  # set before JAX starts; work
     os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES", "-1")
 
 import d2l_multi  # noqa: E402
+import kernel_watchdog  # noqa: E402
 
 d2l_multi.simulate_devices(8)
+kernel_watchdog.install()
 
 
 def pytest_configure(config):

@@ -35,8 +35,8 @@ def test_environment_yml_lists_the_same_dependencies_as_pyproject():
     wanted = set(project["dependencies"]) | extra(project, "test")
     assert extra(project, "book") <= wanted
     listed = environment_pip_list()
-    assert "-e ." in listed
-    assert set(listed) - {"-e ."} == wanted
+    assert "-e ." in listed and "-c constraints.txt" in listed
+    assert set(listed) - {"-e .", "-c constraints.txt"} == wanted
     assert "python=3.11" in (ROOT / "environment.yml").read_text()
 
 

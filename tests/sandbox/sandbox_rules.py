@@ -1,6 +1,5 @@
-"""The two rules of the test sandbox, shared by the test process (tests/conftest.py), every
-Python process it starts (sitecustomize.py) and every notebook kernel (an IPython start-up file,
-because IPython resets the warning filters of ``__main__`` after Python starts)."""
+"""The two rules of the test sandbox, shared by the test process (tests/conftest.py) and every
+Python process it starts, notebook kernels included (sitecustomize.py)."""
 import builtins
 import ipaddress
 import json
