@@ -62,7 +62,7 @@ def lenet(params, X):
 def loss_fn(params, X, y):
     """Mean softmax cross-entropy of LeNet's logits against integer labels."""
     logits = lenet(params, X)
-    return optax.softmax_cross_entropy_with_integer_labels(logits, y).mean()
+    return optax.softmax_cross_entropy(logits, jax.nn.one_hot(y, 10)).mean()
 
 
 

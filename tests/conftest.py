@@ -8,8 +8,9 @@
   ``d2l_multi/sample_data`` (with the smoke switch on, a run uses exactly the sample's examples
   either way), never from the network.
 * No process the tests start (notebook kernels and commands included) can open a network
-  connection beyond this machine, and each treats warnings as the test process does:
-  ``filterwarnings`` in pyproject.toml makes deprecations errors (tests/sandbox/).
+  connection beyond this machine, and in each a deprecation warning from the chapter's code or
+  the libraries it teaches is an error, as every deprecation is in the test process
+  (``filterwarnings`` in pyproject.toml); tests/sandbox/.
 * A notebook whose kernel loses a request or a reply fails at once, naming the cell
   (tests/kernel_watchdog.py), instead of waiting out the cell timeout.
 * The test processes, the notebook kernels and the programs the tests start share one JAX
@@ -19,7 +20,6 @@
 Everything is removed at the end of the run.
 """
 import atexit
-import json
 import os
 import pathlib
 import shutil
@@ -59,7 +59,6 @@ kernel_watchdog.install()
 def pytest_configure(config):
     config.addinivalue_line("markers", "needs_full_data: the test reads all of Fashion-MNIST "
                                        "and MNIST; skipped when no full copy is found")
-    os.environ[sandbox_rules.WARNINGS_ENV] = json.dumps(config.getini("filterwarnings"))
 
 
 @pytest.fixture(autouse=True, scope="session")

@@ -1,14 +1,10 @@
-"""The two rules of the test sandbox, shared by the test process (tests/conftest.py) and every
-Python process it starts, notebook kernels included (sitecustomize.py)."""
-import builtins
+"""The two rules of the test sandbox for every Python process the tests start, notebook kernels
+included (sitecustomize.py); the test process itself blocks the network the same way
+(tests/conftest.py) and turns every deprecation into an error (pyproject.toml)."""
 import ipaddress
-import json
-import os
-import re
 import socket
 import warnings
 
-WARNINGS_ENV = "D2L_MULTI_TEST_WARNINGS"
 _connect = socket.socket.connect
 
 
@@ -39,21 +35,14 @@ def allow_network():
     socket.socket.connect = _connect
 
 
-def _category(name):
-    if not name:
-        return Warning
-    module, _, attr = name.rpartition(".")
-    if not module:
-        return getattr(builtins, attr)
-    return getattr(__import__(module, fromlist=[attr]), attr)
+DEPRECATIONS = (DeprecationWarning, PendingDeprecationWarning, FutureWarning)
+# Where a warning may come from to fail a run: a notebook cell or script (__main__), the
+# package, and the libraries the chapter teaches. Not the machinery that runs a kernel
+# (tornado, ipykernel, zmq, ...), whose own deprecations are no concern of the chapter.
+CHAPTER_CODE = r"(__main__|d2l_multi|jax|jaxlib|flax|optax|orbax|grain|keras|numpy|chex)(\.|$)"
 
 
-def apply_warning_filters(filters=None):
-    """Install pytest-style filters ("action:message:category:module", message and module as
-    regular expressions), the last one taking precedence, as pytest does."""
-    if filters is None:
-        filters = json.loads(os.environ.get(WARNINGS_ENV, "[]"))
-    for spec in filters:
-        action, message, category, module, *_ = [*spec.split(":", 4), "", "", "", ""][:5]
-        warnings.filterwarnings(action.strip(), message, _category(category.strip()),
-                                module.strip())
+def deprecations_are_errors():
+    """A deprecation warning raised in, or on behalf of, the chapter's code is an error."""
+    for category in DEPRECATIONS:
+        warnings.filterwarnings("error", category=category, module=CHAPTER_CODE)
