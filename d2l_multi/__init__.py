@@ -53,10 +53,16 @@ _MODULES = {  # module: the public names it holds, in the chapter's order
                     "lm_loss", "logical_constraint", "logical_init", "logical_linear"],
     "sharding": ["abstract_state", "bytes_per_device", "check_layout", "check_rules",
                  "create_sharded", "use_sharding"],
-    # FSDP, tensor and pipeline parallelism
+    # FSDP and tensor parallelism
     "text": ["TINY_TEXT", "CharCorpus"],
-    "strategies": ["LOGICAL_AXES", "STRATEGIES", "bubble_fraction", "lm_train_step", "reshard",
-                   "shard_tokens", "sharding_rules"],
+    "strategies": ["LOGICAL_AXES", "STRATEGIES", "lm_train_step", "reshard", "shard_tokens",
+                   "sharding_rules"],
+    # pipeline parallelism
+    "pipeline_parallel": ["BACKWARD", "FORWARD", "IDLE", "KIND", "bubble_fraction",
+                          "check_kinds", "check_orders", "check_pipeline_step", "check_table",
+                          "gpipe_order", "in_flight", "init_residual_mlp", "mse",
+                          "one_f_one_b_order", "pipeline_schedule", "pipeline_step",
+                          "residual_mlp", "show_schedule", "stage_pass", "stage_program"],
     # checkpoints and input pipelines
     "checkpoint": ["CheckpointError", "abstract_like", "check_finite", "check_fits",
                    "check_layouts", "check_optimizer", "check_specs",

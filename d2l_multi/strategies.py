@@ -1,7 +1,7 @@
 """Parallelism strategies as sharding rules: data parallelism, fully-sharded data parallelism
 (FSDP), tensor parallelism (TP) and their mixes differ only in the rules that map the logical
 axes of ``TransformerLM`` to a 2-D ``('data', 'model')`` mesh; one training step for all of
-them, and the idle time of a pipeline."""
+them."""
 import jax
 import numpy as np
 from flax import nnx
@@ -58,8 +58,3 @@ def lm_train_step(model, optimizer, X, Y):
                    jax.lax.with_sharding_constraint(state, nnx.get_partition_spec(state)))
     return loss
 
-
-def bubble_fraction(num_stages, num_micro):
-    """The idle fraction of each of ``num_stages`` stages with ``num_micro`` micro-batches."""
-    d2l.check_positive(num_stages=num_stages, num_micro=num_micro)
-    return (num_stages - 1) / (num_micro + num_stages - 1)
