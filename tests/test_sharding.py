@@ -285,17 +285,6 @@ def test_training_memory_adds_the_four_parts():
         d2l.transformer_footprint(0, 64, 8, 32, 16, 48)
 
 
-# --- pipeline parallelism --------------------------------------------------------------------
-
-def test_bubble_fraction():
-    assert d2l.bubble_fraction(1, 10) == 0
-    assert d2l.bubble_fraction(4, 1) == 0.75  # one micro-batch: one stage busy at a time
-    assert d2l.bubble_fraction(4, 8) == pytest.approx(3 / 11)
-    assert d2l.bubble_fraction(8, 63) == pytest.approx(0.1)
-    with pytest.raises(ValueError, match="num_micro must be a positive integer"):
-        d2l.bubble_fraction(4, 0)
-
-
 # --- the notebooks define the constants they use ----------------------------------------------
 
 def test_constants_in_the_notebooks_equal_the_library():
