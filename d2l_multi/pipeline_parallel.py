@@ -2,8 +2,6 @@
 axis, a schedule (GPipe or 1F1B) as a table of time slots x stages, and one ``shard_map``
 program that executes the table, passing activations forward and gradients back between
 neighbouring stages with ``lax.ppermute``."""
-import functools
-
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -78,7 +76,7 @@ def show_schedule(table):
     """Print a table one stage a line: F3 is the forward of micro-batch 3, . is idle."""
     for s in range(len(table[0])):
         ops = [f"{row[s][0]}{row[s][1]}" if row[s] else "." for row in table]
-        print(f"stage {s}: " + " ".join(f"{op:3}" for op in ops))
+        print(f"stage {s}: " + " ".join(f"{op:3}" for op in ops).rstrip())
 
 
 IDLE, FORWARD, BACKWARD = 0, 1, 2
@@ -145,11 +143,10 @@ def stage_program(params, X, Y, table, stage_fn, loss_fn):
     return lax.psum(loss, 'stage') / m, grads, ran[:, None]
 
 
-@functools.partial(jax.jit, static_argnames=('mesh', 'table'))
+@jax.jit(static_argnames=('mesh', 'table'))
 def pipeline_step(params, X, Y, mesh, table):
     """Loss, gradients and the passes each stage ran, of one pipelined step."""
-    program = functools.partial(stage_program, table=table,
-                                stage_fn=residual_mlp, loss_fn=mse)
+    program = lambda w, X, Y: stage_program(w, X, Y, table, residual_mlp, mse)
     return jax.shard_map(program, mesh=mesh, in_specs=(P('stage'), P(), P()),
                          out_specs=(P(), P('stage'), P(None, 'stage')),
                          check_vma=False)(params, X, Y)
