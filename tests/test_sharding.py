@@ -292,7 +292,7 @@ def test_constants_in_the_notebooks_equal_the_library():
     chapters = pathlib.Path(__file__).resolve().parent.parent / "chapters"
     found = set()
     for nb in ("04a_jit_and_shardings.ipynb", "09a_memory_and_meshes.ipynb",
-               "09b_fsdp_tensor_and_pipeline_parallelism.ipynb"):
+               "09c_fsdp_and_tensor_parallelism.ipynb"):
         for cell in json.loads((chapters / nb).read_text())["cells"]:
             src = "".join(cell["source"])
             if cell["cell_type"] != "code" or not src.startswith("#@save"):
