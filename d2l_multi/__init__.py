@@ -47,11 +47,13 @@ _MODULES = {  # module: the public names it holds, in the chapter's order
                  "evaluate_stacked", "map_members", "member_num_correct", "member_step",
                  "stacked_train_step", "train_ensemble", "train_stacked"],
     # memory and meshes
-    "memory": ["OPTIMIZER_STATE_COPIES", "check_memory_inputs", "count_params",
+    "memory": ["OPTIMIZER_STATE_COPIES", "check_training_memory",
+               "check_transformer_footprint", "count_params",
                "saved_activation_bytes", "training_memory", "transformer_footprint"],
     "transformer": ["CausalSelfAttention", "MLP", "TransformerBlock", "TransformerLM",
                     "lm_loss", "logical_constraint", "logical_init", "logical_linear"],
-    "sharding": ["abstract_state", "bytes_per_device", "check_layout", "check_rules",
+    "sharding": ["abstract_state", "bytes_per_device", "check_layout",
+                 "check_model_layout", "check_rules",
                  "create_sharded", "use_sharding"],
     # FSDP and tensor parallelism
     "text": ["TINY_TEXT", "CharCorpus"],

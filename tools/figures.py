@@ -591,7 +591,69 @@ def resume_timeline():
     save(fig, "resume_timeline")
 
 
-FIGURES += [checkpoint_layout, grain_pipeline, processes_and_devices, resume_timeline]
+def remat_stack():
+    """What a stack of 4 blocks holds while the backward pass is at block 3: every block's
+    saved activations (left), or only the block inputs and block 3 recomputed (right)."""
+    fig, ax = canvas(9.0, 3.6)
+    blue, orange = "#4C72B0", "#DD8452"
+    for x0, title, remat in ((0.3, "without rematerialisation", False),
+                             (4.8, "with rematerialisation", True)):
+        ax.text(x0 + 1.8, 3.35, title, ha="center", size=10, weight="bold")
+        for b in range(4):
+            x = x0 + b * 0.95
+            if b == 3:  # the backward pass is done with block 4: its memory is free
+                box(ax, x, 1.05, 0.7, 1.65, face="white", edge="#999999",
+                    style="square,pad=0.0", lw=0.6)
+                ax.text(x + 0.35, 2.0, "freed", ha="center", va="center", size=8,
+                        color="#777777")
+                ax.text(x + 0.35, 0.8, f"block {b + 1}", ha="center", size=8)
+                continue
+            box(ax, x, 1.05, 0.7, 0.25, face=blue, style="square,pad=0.0", lw=0.6)
+            if not remat or b == 2:
+                box(ax, x, 1.3, 0.7, 1.4, face=orange, style="square,pad=0.0", lw=0.6)
+                if remat:
+                    ax.text(x + 0.35, 2.0, "recom-\nputed\nnow", ha="center",
+                            va="center", size=8, color="white")
+            ax.text(x + 0.35, 0.8, f"block {b + 1}", ha="center", size=8)
+        arrow(ax, (x0, 0.55), (x0 + 3.6, 0.55), color="#555555")
+        ax.text(x0 + 1.8, 0.33, "forward", ha="center", size=8, color="#555555")
+        arrow(ax, (x0 + 3.6, 3.0), (x0 + 2.2, 3.0), color="#555555")
+        ax.text(x0 + 2.1, 3.0, "backward, at block 3", ha="right", va="center", size=8,
+                color="#555555")
+    legend = ((2.6, "block input", blue), (4.6, "other saved activations", orange))
+    for x, name, face in legend:
+        box(ax, x, 0.02, 0.22, 0.18, face=face, style="square,pad=0.0", lw=0.6)
+        ax.text(x + 0.3, 0.11, name, va="center", size=8)
+    save(fig, "remat_stack")
+
+
+def logical_layout():
+    """From logical names to a layout: the MLP's first kernel, named ('embed', 'mlp'),
+    the rules, and its 2 x 4 tiles on a ('data', 'model') mesh of 8 devices."""
+    fig, ax = canvas(9.0, 3.4)
+    ax.text(4.5, 3.2, "logical names + rules = a layout on the mesh", ha="center", size=10,
+            weight="bold")
+    box(ax, 0.6, 0.6, 2.0, 2.0, "kernel of MLP.up\n(d, 4d)", face=GREY, size=9)
+    ax.text(0.35, 1.6, "'embed'", rotation=90, ha="center", va="center", size=9)
+    ax.text(1.6, 2.75, "'mlp'", ha="center", size=9)
+    box(ax, 3.0, 1.05, 2.3, 1.1,
+        "rules\n'embed' -> 'data'\n'mlp' -> 'model'\n= P('data', 'model')", face="#FFF2CC",
+        size=8.5)
+    arrow(ax, (2.7, 1.6), (3.0, 1.6))
+    arrow(ax, (5.3, 1.6), (5.75, 1.6))
+    x0, y0, w, h = 6.1, 0.6, 0.5, 1.0
+    for r in range(2):
+        for c in range(4):
+            box(ax, x0 + c * w, y0 + (1 - r) * h, w, h, f"{4 * r + c}", face=LIGHT[r],
+                size=9, style="square,pad=0.0", lw=0.8)
+    ax.text(x0 - 0.25, 1.6, "'data' (2)", rotation=90, ha="center", va="center", size=9)
+    ax.text(x0 + 1.0, 2.75, "'model' (4)", ha="center", size=9)
+    ax.text(x0 + 1.0, 0.3, "tile on device k", ha="center", size=8, color="#555555")
+    save(fig, "logical_layout")
+
+
+FIGURES += [checkpoint_layout, grain_pipeline, processes_and_devices, resume_timeline,
+            remat_stack, logical_layout]
 
 if __name__ == "__main__":
     wanted = sys.argv[1:]
