@@ -36,11 +36,13 @@ _MODULES = {  # module: the public names it holds, in the chapter's order
                     "num_correct_nnx", "resnet18_budget", "train_nnx", "update_model"],
     "keras_models": ["keras_assign_state", "keras_convnet", "keras_train_state",
                      "make_keras_train_step"],
-    # when do more devices help? a measured cost model
-    "cost_model": ["bus_bandwidth", "check_alpha_beta_inputs", "check_collective_inputs",
-                   "check_cost_analysis", "check_step_time_inputs", "collective_loop",
+    # collectives and the alpha-beta model; predicting the data-parallel step
+    "cost_model": ["COLLECTIVE_NAMES", "H100_MODELS", "bus_bandwidth",
+                   "check_alpha_beta_inputs", "check_bus_bandwidth",
+                   "check_collective_inputs", "check_cost_analysis", "check_ring_per_hop",
+                   "check_step_time_inputs", "check_time_collective", "collective_loop",
                    "cpu_time_call", "fit_alpha_beta", "measure_collectives", "measure_compute",
-                   "predict_step_time", "step_cost", "time_collective"],
+                   "predict_step_time", "ring_per_hop", "step_cost", "time_collective"],
     # ensembles
     "ensemble": ["apply_ensemble", "check_ensemble_size", "create_ensemble_state",
                  "create_stacked_ensemble", "ensemble_num_correct", "evaluate_ensemble",

@@ -81,7 +81,7 @@ def test_fit_is_exact_without_noise_and_never_negative():
 
 
 def test_per_device_count_fits_give_the_ring_hop_latency_and_link_bandwidth():
-    from d2l_multi.benchmark import ring
+    ring = d2l.ring_per_hop
     for k in (2, 4, 8):
         t = [d2l.predict_step_time(0.0, k, float(n), 5e-6, 1 / 100e9) for n in SIZES]
         assert ring(*d2l.fit_alpha_beta(SIZES, t), k) == pytest.approx((5e-6, 1 / 100e9))

@@ -655,9 +655,40 @@ def logical_layout():
 FIGURES += [checkpoint_layout, grain_pipeline, processes_and_devices, resume_timeline,
             remat_stack, logical_layout]
 
+
+def step_timeline():
+    """A data-parallel step on one device: the compute of its share, then the allreduce; with
+    overlap, the gradients of the last layers travel while the earlier ones are computed."""
+    fig, ax = canvas(8.6, 2.6)
+    x0, unit, length = 1.3, 1.2, 1.9   # inches: start, a third of the compute, the allreduce
+
+    def row(y, label, start, formula):
+        ax.text(0.1, y + 0.2, label, size=9, va="center")
+        box(ax, x0, y, unit, 0.4, "forward", face=LIGHT[0], size=8, style="square,pad=0.0")
+        box(ax, x0 + unit, y, 2 * unit, 0.4, "backward (gradients)", face=DEVICE[0],
+            color="white", size=8, style="square,pad=0.0")
+        below = start < x0 + 3 * unit
+        y_ar = y - 0.45 if below else y
+        box(ax, start, y_ar, length, 0.4, "allreduce", face="#FFF2CC", size=8,
+            style="square,pad=0.0")
+        end = start + length
+        ax.plot([end, end], [y_ar - 0.1, y + 0.5], color="#777777", lw=0.8, ls=":")
+        ax.text(end + 0.12, y_ar + 0.2, formula, size=9, va="center")
+
+    row(1.75, "no overlap", x0 + 3 * unit, r"$T = t_c + T_{\mathrm{allreduce}}$")
+    row(0.6, "overlap", x0 + 2.2 * unit, r"$T = \frac{1}{3}t_c + \max(\frac{2}{3}t_c,"
+        r"\ T_{\mathrm{allreduce}})$")
+    ax.text(x0 + 1.5 * unit, 2.35, r"compute of the share: $t_c(B/k)$", ha="center", size=9)
+    save(fig, "step_timeline")
+
+
+FIGURES += [step_timeline]
+
+
 if __name__ == "__main__":
     wanted = sys.argv[1:]
     for make in FIGURES:
         if not wanted or any(w in make.__name__ for w in wanted):
             make()
             print(OUT / f"{make.__name__}.svg")
+
