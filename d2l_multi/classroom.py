@@ -145,9 +145,13 @@ def mark_answer(source, names, where="a solution cell"):
             inner = stmt.body[1:] if ast.get_docstring(stmt) is not None else stmt.body
             if not inner:
                 raise ClassroomError(f"{where}: `{stmt.name}` has no body after its docstring")
-            header_end = stmt.body[0].end_lineno if inner is not stmt.body else stmt.lineno
             start = min([inner[0].lineno] + [d.lineno for d in
                                              getattr(inner[0], "decorator_list", [])]) - 1
+            header_end = stmt.body[0].end_lineno  # the docstring's last line
+            if inner is stmt.body:  # no docstring: the signature, however many lines
+                header_end = start
+                while header_end > first + 1 and lines[header_end - 1].strip()[:1] in ("", "#"):
+                    header_end -= 1
             if start < header_end or stmt.body[0].lineno == stmt.lineno:
                 raise ClassroomError(f"{where}: write the body of `{stmt.name}` on lines of its "
                                      f"own, below the signature and the docstring")
@@ -307,6 +311,10 @@ def _fresh(folder, what):
 
 
 def _nbgrader_command(*args):
+    import importlib.util
+    if importlib.util.find_spec("nbgrader") is None:
+        raise ClassroomError("the classroom commands need nbgrader: pip install -e "
+                             "\".[classroom]\" (or pip install nbgrader)")
     return [sys.executable, "-m", "nbgrader", *args]
 
 
@@ -523,7 +531,8 @@ def _grade_one(course, student, path, name, root, timeout, notebook_timeout, ful
             log = (job / "log.txt").read_text(errors="replace").strip().splitlines()
             why = (f"the notebook did not finish within {notebook_timeout} s" if status is None
                    else f"nbgrader failed: {log[-1][:200] if log else status}")
-            return [(student, name, gid, 0.0, pts, "not graded", why) for gid, pts in cells], None
+            return [(student, name, gid, 0.0, pts, "not graded", why) for gid, pts in cells
+                    ] or [(student, name, "", 0.0, 0.0, "not graded", why)], None
         nb = json.loads(graded.read_text())
         by_id = {c["metadata"].get("nbgrader", {}).get("grade_id"): c for c in nb["cells"]}
         with Gradebook(f"sqlite:///{job / 'course' / 'gradebook.db'}") as gb:
@@ -535,7 +544,8 @@ def _grade_one(course, student, path, name, root, timeout, notebook_timeout, ful
             grade = scores.get(gid)
             score = float(grade.score) if grade is not None and grade.score is not None else 0.0
             rows.append((student, name, gid, score, float(pts), outcome, detail))
-        keep = root / "graded" / f"{student}-{name}.ipynb"
+        keep = root / "graded" / student / f"{name}.ipynb"
+        keep.parent.mkdir(parents=True, exist_ok=True)
         shutil.copyfile(graded, keep)
         return rows, keep
     finally:
@@ -550,6 +560,7 @@ def grade(course, submissions, out, timeout=120, notebook_timeout=1800, jobs=1, 
     """Grade every submitted notebook under ``submissions`` against the nbgrader course
     ``course``; write ``out/grades.csv`` (a row per student, notebook and autograded exercise)
     and ``out/autograded/STUDENT/NOTEBOOK.ipynb``. Returns the rows."""
+    _nbgrader_command()  # refuses at once where nbgrader is missing
     course = pathlib.Path(course).resolve()
     if not (course / "gradebook.db").is_file() or not (course / "source").is_dir():
         raise ClassroomError(f"{course} is not a course made by `python -m d2l_multi classroom "
@@ -564,6 +575,11 @@ def grade(course, submissions, out, timeout=120, notebook_timeout=1800, jobs=1, 
     found = _submissions(submissions, assignments)
     if not found:
         raise ClassroomError(f"no notebooks (.ipynb) under {submissions}")
+    seen = {}
+    for student, path, name in found:
+        if name is not None and seen.setdefault((student, name), path) != path:
+            raise ClassroomError(f"{student} handed in {name} twice ({seen[student, name]} and "
+                                 f"{path}): keep one")
     out = _fresh(out, "OUT")
     out.mkdir(parents=True, exist_ok=True)
     root = pathlib.Path(tempfile.mkdtemp(prefix="d2l-grade-"))
@@ -662,6 +678,7 @@ def main(argv=None):
     else:
         rows = grade(args.course, args.submissions, args.out, args.timeout,
                      args.notebook_timeout, args.jobs, args.full)
-        print(f"{len({(r[0], r[1]) for r in rows})} notebooks graded: "
-              f"{args.out / 'grades.csv'}, graded notebooks in {args.out / 'autograded'}")
+        graded = len(list((args.out / "autograded").rglob("*.ipynb")))
+        print(f"{graded} notebooks graded, {len(rows)} rows: {args.out / 'grades.csv'}; the "
+              f"graded notebooks are in {args.out / 'autograded'}")
     return 0

@@ -357,7 +357,8 @@ WRONG = {
         (((lambda x, axis_name: x),), "nothing was communicated"),
     ],
     "verify_reduce_scatter": [
-        (((lambda x, axis_name: lax.psum_scatter(x, axis_name, tiled=True)),), "lax.ppermute alone"),
+        (((lambda x, axis_name: lax.psum_scatter(x, axis_name, tiled=True)),),
+         "lax.ppermute alone"),
         ((_reduce_scatter_one_ahead,), "chunk i+1"),
         ((_reduce_scatter_short,), "k-1 = 7 steps"),
         (((lambda x, axis_name: x),), "all 8 chunks"),
@@ -468,11 +469,12 @@ WRONG = {
         (((lambda logits: logits.mean(axis=0)),), "averaged the logits"),
     ],
     "verify_training_memory": [
-        (((lambda P_, A, k, s: bytes_per_device(P_, A, k, s) - 8 * P_ / (1 if s == "dp" else k)),),
-         "Adam's two moments"),
+        (((lambda P_, A, k, s: bytes_per_device(P_, A, k, s)
+           - 8 * P_ / (1 if s == "dp" else k)),), "Adam's two moments"),
         (((lambda P_, A, k, s: 16 * P_ + A / k if s != "tp" else 16 * P_ / k + A),),
          "FSDP splits"),
-        (((lambda P_, A, k, s: 16 * P_ / (1 if s == "dp" else k) + A / k),), "does not split the batch"),
+        (((lambda P_, A, k, s: 16 * P_ / (1 if s == "dp" else k) + A / k),),
+         "does not split the batch"),
     ],
     "verify_remat_memory": [
         (((lambda L, a, b, remat: L * a if remat else L * (a + b)),), "add one layer"),

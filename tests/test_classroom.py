@@ -52,6 +52,9 @@ def test_an_answer_keeps_signatures_docstrings_imports_and_value_names():
                       '    P(\'data\',\n             None)\n    ### END SOLUTION\n)\n'
                       '### BEGIN SOLUTION\nprint(f(1, 2))\n### END SOLUTION')
     ast.parse(marked)
+    assert classroom.mark_answer("def g(a,\n      b):\n    # how\n    return a", {"g"}) == (
+        "def g(a,\n      b):\n    ### BEGIN SOLUTION\n    # how\n    return a\n"
+        "    ### END SOLUTION")
     for bad, why in [("def f(x): return x", "on lines of its own"),
                      ("f, g = 1, 2", "assign each answer alone")]:
         with pytest.raises(classroom.ClassroomError, match=why):
@@ -62,8 +65,8 @@ def test_a_check_must_take_what_its_exercise_defines():
     nb = json.loads(PRACTICE.read_text())
     i = next(i for i, c in enumerate(nb["cells"]) if source(c).startswith("fsdp_spec ="))
     del nb["cells"][i]
-    with pytest.raises(classroom.ClassroomError, match=r"practice, exercise 3: "
-                                                       r"d2l.verify_fsdp_spec takes \['fsdp_spec'\]"):
+    with pytest.raises(classroom.ClassroomError,
+                       match=r"practice, exercise 3: d2l.verify_fsdp_spec takes \['fsdp_spec'\]"):
         classroom.assignment(nb, "practice", exercises.CHECKS)
 
 
@@ -290,11 +293,16 @@ def _read(path):
 def test_bad_folders_are_refused_with_one_line(course, tmp_path):
     (tmp_path / "full").mkdir()
     (tmp_path / "full" / "x").write_text("")
+    twice = tmp_path / "twice" / "bob"
+    twice.mkdir(parents=True)
+    for name in ("practice.ipynb", "practice (1).ipynb"):
+        (twice / name).write_text(json.dumps(submission(course, {})))
     for args, message in [
             (("student", tmp_path / "full", PRACTICE), "is not an empty folder"),
             (("grade", tmp_path, tmp_path, tmp_path / "o"), "is not a course made by"),
             (("grade", course, tmp_path / "none", tmp_path / "o"), "is not a folder"),
             (("grade", course, tmp_path / "full", tmp_path / "o"), "no notebooks"),
+            (("grade", course, tmp_path / "twice", tmp_path / "o"), "handed in practice twice"),
             (("student", tmp_path / "o", tmp_path / "full" / "x"), "is not a notebook")]:
         result = command(*args)
         assert result.returncode == 2 and message in result.stderr, result.stderr
