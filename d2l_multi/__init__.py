@@ -80,6 +80,19 @@ _MODULES = {  # module: the public names it holds, in the chapter's order
     "distributed": ["check_batch_inputs", "check_device_counts", "check_devices_per_process",
                     "check_mesh_and_arrays", "detect_cluster", "exit_worker", "global_batch",
                     "initialize_distributed", "launcher_settings", "process_batches"],
+    # exercises that check themselves (docs/classroom.md)
+    "exercises": ["CHECKS", "CheckFailed", "verify_1f1b", "verify_all_gather",
+                  "verify_alpha_beta", "verify_batch_stats", "verify_broadcast",
+                  "verify_bus_bandwidth", "verify_checkpoint_interval", "verify_cross_entropy",
+                  "verify_ensemble_average", "verify_exact_resume", "verify_flops_per_byte",
+                  "verify_fsdp_spec", "verify_gpipe_bubble", "verify_grad_accumulation",
+                  "verify_jit_data_parallel", "verify_keras_step", "verify_logical_rules",
+                  "verify_master_weights", "verify_megatron_specs", "verify_mesh_layout",
+                  "verify_nnx_step", "verify_overlapped_step", "verify_pmean_step",
+                  "verify_process_rows", "verify_reduce_scatter", "verify_remat_memory",
+                  "verify_restore_target", "verify_ring_allreduce", "verify_ring_bytes",
+                  "verify_sgd_update", "verify_shard_map_grad", "verify_split_batch",
+                  "verify_step_time", "verify_training_memory"],
 }
 _HOME = {name: module for module, names in _MODULES.items() for name in names}
 __all__ = sorted(_HOME)

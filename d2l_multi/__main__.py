@@ -1,8 +1,9 @@
-"""Command line: ``python -m d2l_multi {train,benchmark,launch,book} ...``.
+"""Command line: ``python -m d2l_multi {train,benchmark,launch,book,classroom} ...``.
 
 ``train`` (the default) runs the chapter's headline experiment: LeNet on Fashion-MNIST, data
 parallel on 1 and on N devices, with a table and two PNG plots; ``book`` builds the chapter as
-an HTML book in ``_build/html``. Expected errors (bad
+an HTML book in ``_build/html``; ``classroom`` makes the student edition and grades
+submissions (docs/classroom.md). Expected errors (bad
 arguments, missing data, a damaged checkpoint, a diverging run) print one message and exit
 non-zero; set ``D2L_MULTI_TRACEBACK=1`` to see the traceback as well.
 """
@@ -10,7 +11,8 @@ import os
 import sys
 
 COMMANDS = {"train": ("cli", "train_main"), "benchmark": ("benchmark", "main"),
-            "launch": ("launch", "main"), "book": ("book", "main")}
+            "launch": ("launch", "main"), "book": ("book", "main"),
+            "classroom": ("classroom", "main")}
 TRACEBACK_ENV = "D2L_MULTI_TRACEBACK"
 
 

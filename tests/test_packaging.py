@@ -29,11 +29,13 @@ def extra(project, name):
 
 
 def test_environment_yml_lists_the_same_dependencies_as_pyproject():
-    """environment.yml = dependencies + the test extra, which includes the book extra."""
+    """environment.yml = dependencies + the test extra, which includes the book extra and the
+    classroom extra (the tests build the student edition and grade submissions)."""
     project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
-    assert f"{project['name']}[book]" in project["optional-dependencies"]["test"]
+    for name in ("book", "classroom"):
+        assert f"{project['name']}[{name}]" in project["optional-dependencies"]["test"]
     wanted = set(project["dependencies"]) | extra(project, "test")
-    assert extra(project, "book") <= wanted
+    assert extra(project, "book") | extra(project, "classroom") <= wanted
     listed = environment_pip_list()
     assert "-e ." in listed and "-c constraints.txt" in listed
     assert set(listed) - {"-e .", "-c constraints.txt"} == wanted
