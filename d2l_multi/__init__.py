@@ -41,6 +41,11 @@ _MODULES = {  # module: the public names it holds, in the chapter's order
                    "check_cost_analysis", "check_step_time_inputs", "collective_loop",
                    "cpu_time_call", "fit_alpha_beta", "measure_collectives", "measure_compute",
                    "predict_step_time", "step_cost", "time_collective"],
+    # mixed precision
+    "mixed_precision": ["HLO_BYTES", "allreduce_bytes", "check_allreduce_bytes",
+                        "check_float_dtype", "check_lost_updates", "check_mixed_step",
+                        "check_train_sharded", "lost_updates", "make_mixed_precision_step",
+                        "mixed_loss_fn", "partitioned_hlo", "train_sharded"],
     # ensembles
     "ensemble": ["apply_ensemble", "check_ensemble_size", "create_ensemble_state",
                  "create_stacked_ensemble", "ensemble_num_correct", "evaluate_ensemble",
@@ -57,6 +62,9 @@ _MODULES = {  # module: the public names it holds, in the chapter's order
     "text": ["TINY_TEXT", "CharCorpus"],
     "strategies": ["LOGICAL_AXES", "STRATEGIES", "bubble_fraction", "lm_train_step", "reshard",
                    "shard_tokens", "sharding_rules"],
+    # overlapping communication with computation
+    "schedule": ["async_pairs", "check_hlo_entry", "collective_slack", "hlo_schedule",
+                 "operand_names"],
     # checkpoints and input pipelines
     "checkpoint": ["CheckpointError", "abstract_like", "check_finite", "check_fits",
                    "check_layouts", "check_optimizer", "check_specs",
