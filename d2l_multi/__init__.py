@@ -63,8 +63,8 @@ _MODULES = {  # module: the public names it holds, in the chapter's order
     "strategies": ["LOGICAL_AXES", "STRATEGIES", "bubble_fraction", "lm_train_step", "reshard",
                    "shard_tokens", "sharding_rules"],
     # overlapping communication with computation
-    "schedule": ["async_pairs", "check_hlo_entry", "collective_slack", "hlo_schedule",
-                 "operand_names"],
+    "schedule": ["PLUMBING", "async_pairs", "check_hlo_entry", "collective_slack",
+                 "hlo_schedule", "operand_names", "plot_schedule"],
     # checkpoints and input pipelines
     "checkpoint": ["CheckpointError", "abstract_like", "check_finite", "check_fits",
                    "check_layouts", "check_optimizer", "check_specs",
