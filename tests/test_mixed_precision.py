@@ -30,33 +30,35 @@ def lenet_args(mesh):
                           *d2l.shard_batch(X, y, mesh))
 
 
-def test_mixed_gradient_allreduce_moves_half_the_bytes(lenet_args):
-    params, adam, args = lenet_args
-    n = sum(p.size for p in params)
-    f32 = d2l.make_train_step(adam, d2l.mixed_loss_fn).lower(*args)
-    mixed = d2l.make_mixed_precision_step(adam, d2l.mixed_loss_fn).lower(*args)
-    asked32 = d2l.allreduce_bytes(d2l.partitioned_hlo(f32))
-    asked16 = d2l.allreduce_bytes(d2l.partitioned_hlo(mixed))
+@pytest.fixture(scope="module")
+def lenet_steps(lenet_args):
+    """The float32 and the mixed-precision steps, lowered once for the tests below."""
+    _, adam, args = lenet_args
+    return {"float32": d2l.make_train_step(adam, d2l.mixed_loss_fn).lower(*args),
+            "mixed": d2l.make_mixed_precision_step(adam, d2l.mixed_loss_fn).lower(*args)}
+
+
+def test_mixed_gradient_allreduce_moves_half_the_bytes(lenet_args, lenet_steps):
+    """Read from the partitioned program: float32 gradients and the loss in the float32
+    step; bfloat16 gradients (the cast to float32 comes after the reduction) and the loss
+    in the mixed one. A second read of the same program must come from the compiler again,
+    not from the tests' persistent compilation cache (whose key ignores dump options)."""
+    n = sum(p.size for p in lenet_args[0])
+    asked32 = d2l.allreduce_bytes(d2l.partitioned_hlo(lenet_steps["float32"]))
+    asked16 = d2l.allreduce_bytes(d2l.partitioned_hlo(lenet_steps["mixed"]))
     assert asked32 == {"f32": 4 * n + 4}            # 4 bytes a gradient, and the loss
     assert asked16 == {"bf16": 2 * n, "f32": 4}     # the gradients in bfloat16
     assert 2 * asked16["bf16"] == asked32["f32"] - asked16["f32"]
+    again = d2l.partitioned_hlo(lenet_steps["mixed"])
+    assert "all-reduce(" in again and d2l.allreduce_bytes(again) == asked16
 
 
-def test_xla_cpu_runs_the_bfloat16_allreduce_in_float32(lenet_args):
-    """What the notebook says of XLA:CPU: it widens bfloat16 all-reduces to float32."""
-    _, adam, args = lenet_args
-    f32 = d2l.make_train_step(adam, d2l.mixed_loss_fn).lower(*args).compile()
-    mixed = d2l.make_mixed_precision_step(adam, d2l.mixed_loss_fn).lower(*args).compile()
-    assert d2l.allreduce_bytes(mixed.as_text()) == d2l.allreduce_bytes(f32.as_text())
-
-
-def test_partitioned_hlo_is_read_again_from_the_compiler_not_the_cache(lenet_args):
-    """The tests run with a persistent compilation cache; a second dump of the same program
-    must still come from the compiler (the dump options are not part of the cache key)."""
-    _, adam, args = lenet_args
-    lowered = d2l.make_mixed_precision_step(adam, d2l.mixed_loss_fn).lower(*args)
-    first, second = d2l.partitioned_hlo(lowered), d2l.partitioned_hlo(lowered)
-    assert "all-reduce(" in first and d2l.allreduce_bytes(first) == d2l.allreduce_bytes(second)
+def test_xla_cpu_runs_the_bfloat16_allreduce_in_float32(lenet_steps):
+    """What the notebook says of XLA:CPU: it widens bfloat16 all-reduces to float32, and
+    converts around every bfloat16 operation."""
+    f32, mixed = (lenet_steps[k].compile().as_text() for k in ("float32", "mixed"))
+    assert d2l.allreduce_bytes(mixed) == d2l.allreduce_bytes(f32)
+    assert mixed.count(" convert(") > 2 * f32.count(" convert(")
 
 
 def test_partitioned_hlo_of_a_one_device_program_is_its_hlo():
@@ -141,7 +143,9 @@ def test_transformer_computes_in_its_dtype_with_float32_parameters(mesh):
     graphdef, params = nnx.split(model)
     assert {p.dtype for p in jax.tree.leaves(params)} == {jnp.dtype(jnp.float32)}
     X, Y = corpus.batch(0)
-    assert model(X).dtype == jnp.bfloat16 and d2l.lm_loss(model, X, Y).dtype == jnp.float32
+    logits = jax.eval_shape(lambda p: nnx.merge(graphdef, p)(X), params)
+    loss_value = jax.eval_shape(lambda p: d2l.lm_loss(nnx.merge(graphdef, p), X, Y), params)
+    assert (logits.dtype, loss_value.dtype) == (jnp.bfloat16, jnp.float32)
     loss = lambda p, X, Y: d2l.lm_loss(nnx.merge(graphdef, p), X, Y)
     adam = optax.adam(1e-3)
     step = d2l.make_train_step(adam, loss)
