@@ -22,6 +22,7 @@ are skipped where there is none. Exit status 0 unless the arguments are wrong (2
 import argparse
 import collections
 import os
+import re
 import subprocess
 import sys
 import time
@@ -41,6 +42,8 @@ VARIANTS = {                        # compiler options of each GPU variant
     "latency hiding scheduler off": {"xla_gpu_enable_latency_hiding_scheduler": False},
     "async collectives off": {"xla_gpu_disable_async_collectives":
                               "ALLGATHER,REDUCESCATTER,ALLREDUCE"},
+    "scheduler on, command buffers off": {"xla_gpu_enable_latency_hiding_scheduler": True,
+                                          "xla_gpu_enable_command_buffer": ""},
 }
 
 
@@ -116,8 +119,11 @@ def summarize(name, hlo):
     kinds = collections.Counter(op for _, op, _ in schedule
                                 if op.removesuffix("-start").removesuffix("-done")
                                 in d2l.COLLECTIVES)
-    print(f"  [{name}] {len(schedule)} instructions; collectives {dict(kinds)}; "
-          f"{len(pairs)} async pairs; all-reduce bytes {d2l.allreduce_bytes(hlo)}")
+    everywhere = collections.Counter(
+        op for op in re.findall(r" ([a-z][\w-]*-start)\(", hlo))
+    print(f"  [{name}] ENTRY: {len(schedule)} instructions, collectives {dict(kinds)}, "
+          f"{len(pairs)} async pairs; whole module: starts {dict(everywhere)}; "
+          f"all-reduce bytes {d2l.allreduce_bytes(hlo)}")
     for kind, start, done, between in pairs:
         work = collections.Counter(op for op in between if op not in d2l.PLUMBING)
         print(f"    {kind:16} start {start:4} done {done:4}: {len(between)} instructions "
