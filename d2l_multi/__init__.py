@@ -45,6 +45,11 @@ _MODULES = {  # module: the public names it holds, in the chapter's order
                    "check_step_time_inputs", "check_time_collective", "collective_loop",
                    "cpu_time_call", "fit_alpha_beta", "measure_collectives", "measure_compute",
                    "predict_step_time", "ring_per_hop", "step_cost", "time_collective"],
+    # mixed precision
+    "mixed_precision": ["HLO_BYTES", "allreduce_bytes", "check_allreduce_bytes",
+                        "check_float_dtype", "check_lost_updates", "check_mixed_step",
+                        "check_train_sharded", "lost_updates", "make_mixed_precision_step",
+                        "mixed_loss_fn", "partitioned_hlo", "train_sharded"],
     # ensembles
     "ensemble": ["apply_ensemble", "check_ensemble_size", "create_ensemble_state",
                  "create_stacked_ensemble", "ensemble_num_correct", "evaluate_ensemble",
@@ -69,6 +74,9 @@ _MODULES = {  # module: the public names it holds, in the chapter's order
                           "gpipe_order", "in_flight", "init_residual_mlp", "mse",
                           "one_f_one_b_order", "pipeline_schedule", "pipeline_step",
                           "residual_mlp", "show_schedule", "stage_pass", "stage_program"],
+    # overlapping communication with computation
+    "schedule": ["PLUMBING", "async_pairs", "check_hlo_entry", "collective_slack",
+                 "hlo_schedule", "operand_names", "plot_schedule"],
     # checkpoints and input pipelines
     "checkpoint": ["CheckpointError", "abstract_like", "check_finite", "check_fits",
                    "check_layouts", "check_optimizer", "check_specs",
