@@ -116,8 +116,8 @@ class _Progress:
     def __init__(self, data, label, num_epochs):
         self.data, self.label, self.num_epochs = data, label, num_epochs
 
-    def get_dataloader(self, train, batch_size=None, drop_last=False):
-        loader = self.data.get_dataloader(train, batch_size, drop_last)
+    def get_dataloader(self, train, *args, **kwargs):
+        loader = self.data.get_dataloader(train, *args, **kwargs)
         return _EpochBar(loader, self.label, self.num_epochs) if train else loader
 
 

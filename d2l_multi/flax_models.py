@@ -77,9 +77,10 @@ def train_nnx(model, data, num_devices, lr, num_epochs):
     nnx.update((model, optimizer), d2l.shard(nnx.state((model, optimizer)), mesh))  # P()
     animator = d2l.Animator("epoch", "test acc", xlim=[1, num_epochs], ylim=[0, 1])
     timer, history = d2l.Timer(), []
+    train_iter = data.get_dataloader(train=True, drop_last=True)
     for epoch in range(num_epochs):
         timer.start()
-        for X, y in data.get_dataloader(train=True, drop_last=True):
+        for X, y in train_iter:
             loss = nnx_train_step(model, optimizer, *d2l.shard_batch(X, y, mesh))
         loss = float(loss)  # waits for the last step, so the timer sees all the work
         timer.stop()

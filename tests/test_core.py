@@ -10,6 +10,7 @@ import pytest
 from jax import lax
 
 import d2l_multi as d2l
+from recording import RecordingData
 
 N = 8
 ATOL = 1e-6  # float32 rounding: the devices sum the same numbers in a different order
@@ -102,6 +103,13 @@ def test_train_small_run_learns_and_nan_stops():
     assert history[-1]["loss"] < 1.2  # ln 10 = 2.30 at the start
     with pytest.raises(FloatingPointError, match="lr=1e\\+30.*try lr=1e\\+29"):
         d2l.train(N, 64, 1e30, 1, data)
+
+
+def test_train_reshuffles_every_epoch_and_a_rerun_sees_the_same_batches():
+    data = RecordingData()
+    d2l.train(1, 8, 0.1, 2, data)
+    d2l.train(1, 8, 0.1, 2, data)
+    assert data.epochs == [0, 1, 0, 1]
 
 
 def run_cli(*args):
