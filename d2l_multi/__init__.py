@@ -61,7 +61,8 @@ _MODULES = {  # module: the public names it holds, in the chapter's order
     "checkpoint": ["CheckpointError", "abstract_like", "check_finite", "check_fits",
                    "check_layouts", "check_optimizer", "check_specs",
                    "checkpoint_manager", "lenet_specs", "restore_checkpoint", "save_checkpoint",
-                   "saved_steps", "sharded_train_state", "state_specs", "train_steps"],
+                   "saved_steps", "sharded_train_state", "state_specs", "train_steps",
+                   "wait_for_saves"],
     "input_pipeline": ["ArraySource", "CheckedIterator", "CheckedPipeline", "check_loader_inputs",
                        "grain_loader"],
     # several processes
