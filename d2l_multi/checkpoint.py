@@ -12,6 +12,8 @@ import os
 import pathlib
 import re
 import shutil
+import sys
+import traceback
 
 import grain
 import jax
@@ -129,6 +131,22 @@ class _QuietOrbax(logging.Filter):
 
 
 logging.getLogger("absl").addFilter(_QuietOrbax())
+
+
+def _quiet_closed_loops(hook):
+    """``sys.unraisablehook`` without the errors of TensorStore callbacks that find the event
+    loop closed: Orbax closes it as soon as one read or write fails, and reports that failure
+    itself."""
+    def quiet(unraisable):
+        frames = traceback.extract_tb(unraisable.exc_traceback)
+        if not (isinstance(unraisable.exc_value, RuntimeError) and frames
+                and frames[-1].name == "_check_closed"
+                and frames[-1].filename.endswith(os.path.join("asyncio", "base_events.py"))):
+            hook(unraisable)
+    return quiet
+
+
+sys.unraisablehook = _quiet_closed_loops(sys.unraisablehook)
 
 STEP_METADATA = "_CHECKPOINT_METADATA"  # Orbax writes it into a step's folder when it finishes
 _ORBAX_TMP = re.compile(r"[0-9]+\.orbax-checkpoint-tmp.*")  # a step being written
