@@ -112,6 +112,32 @@ def test_train_reshuffles_every_epoch_and_a_rerun_sees_the_same_batches():
     assert data.epochs == [0, 1, 0, 1]
 
 
+def test_save_atomic_gives_a_new_file_s_mode_without_touching_the_umask(tmp_path,
+                                                                       monkeypatch):
+    """Setting the umask to read it would change it, for a moment, for every thread."""
+    from d2l_multi.cli import save_atomic
+    old = os.umask(0o027)
+    try:
+        def no_umask(mask):
+            raise AssertionError("save_atomic changed the umask")
+        monkeypatch.setattr(os, "umask", no_umask)
+        path = save_atomic(tmp_path / "r.json", lambda tmp: open(tmp, "w").write("{}"))
+    finally:
+        monkeypatch.undo()
+        os.umask(old)
+    assert path.read_text() == "{}" and path.stat().st_mode & 0o777 == 0o640
+    assert [p.name for p in tmp_path.iterdir()] == ["r.json"]
+
+
+def test_help_lists_every_command():
+    for flag in ("--help", "-h"):
+        result = run_cli(flag)
+        assert result.returncode == 0, result.stderr
+        for command in ("train", "benchmark", "launch", "book"):
+            assert f"\n  {command} " in result.stdout, result.stdout
+        assert "python -m d2l_multi COMMAND --help" in result.stdout
+
+
 def run_cli(*args):
     env = dict(os.environ, D2L_MULTI_SMOKE="1")
     return subprocess.run([sys.executable, "-m", "d2l_multi", *args], capture_output=True,
