@@ -169,14 +169,22 @@ def _nearest_existing(path):
     return next(p for p in [path, *path.parents] if p.exists())
 
 
+_DEEPEST = 160  # characters Orbax adds below the folder: step/item temporaries, shards
+
+
 def _check_writable(directory):
     """Raise PermissionError unless checkpoints can be written into ``directory`` (or created
-    in its nearest existing parent)."""
+    in its nearest existing parent), OSError if its path leaves no room for their files."""
     existing = _nearest_existing(directory)
     if not os.access(existing, os.W_OK | os.X_OK):
         raise PermissionError(f"cannot write checkpoints into {directory} ({existing} is not "
                               f"writable: no permission, or a read-only disk); pass a folder "
                               f"you can write to")
+    limit = os.pathconf(existing, "PC_PATH_MAX")
+    if len(str(directory)) + _DEEPEST > limit:
+        raise OSError(f"the path of the checkpoint folder is {len(str(directory))} characters "
+                      f"long, and its files need about {_DEEPEST} more, past this system's "
+                      f"limit of {limit}; pass a shorter path")
 
 
 def _check_only_checkpoints(directory):
@@ -195,14 +203,16 @@ def _check_only_checkpoints(directory):
                               f"out)")
 
 
-def checkpoint_manager(directory, max_to_keep=3, create=True, read_only=False):
+def checkpoint_manager(directory, max_to_keep=3, create=True, read_only=False, timeout=None):
     """An Orbax CheckpointManager keeping the newest ``max_to_keep`` steps under ``directory``
     (None: all). ``read_only=True``: one that never creates, writes or deletes anything.
     A writing manager refuses a folder it cannot write, or one that holds anything but
-    checkpoints (its clean-up would delete numbered folders it did not write).
-    Close it when done, best with ``with checkpoint_manager(...) as manager:``."""
+    checkpoints (its clean-up would delete numbered folders it did not write). ``timeout``:
+    seconds a save may wait for the other processes of a job before it fails (default: Orbax's
+    20 minutes). Close it when done, best with ``with checkpoint_manager(...) as manager:``."""
     directory = _check_directory(directory)
     _check_count("max_to_keep", max_to_keep, 1, allow_none=True)
+    _check_count("timeout", timeout, 1, allow_none=True)
     for name, flag in [("create", create), ("read_only", read_only)]:
         if not isinstance(flag, bool):
             raise ValueError(f"{name} must be True or False, got {flag!r}")
@@ -212,7 +222,8 @@ def checkpoint_manager(directory, max_to_keep=3, create=True, read_only=False):
     else:
         _check_writable(directory)
         _check_only_checkpoints(directory)
-        options = ocp.CheckpointManagerOptions(max_to_keep=max_to_keep, create=create)
+        waits = {} if timeout is None else {"async_options": ocp.AsyncOptions(timeout_secs=timeout)}
+        options = ocp.CheckpointManagerOptions(max_to_keep=max_to_keep, create=create, **waits)
     handlers = {"state": ocp.StandardCheckpointHandler(),  # how each item is written and read
                 "data": grain.checkpoint.CheckpointHandler()}
     return ocp.CheckpointManager(directory, options=options, item_handlers=handlers)

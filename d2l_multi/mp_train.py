@@ -343,7 +343,8 @@ def _train(args, plan, data):
     mesh, is_main = data_mesh(), jax.process_index() == 0
     checkpoints = args.out / "checkpoints" if args.out is not None else None
     params, step = _start(args, plan, mesh, checkpoints)
-    manager = (d2l.checkpoint_manager(checkpoints, max_to_keep=2) if checkpoints
+    waits = (d2l.launcher_settings() or {}).get("collective_timeout")  # a save's, too
+    manager = (d2l.checkpoint_manager(checkpoints, max_to_keep=2, timeout=waits) if checkpoints
                else contextlib.nullcontext())
     if args.out is not None:
         writable_dir(args.out)
