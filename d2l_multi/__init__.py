@@ -1,9 +1,14 @@
 """d2l_multi: the support package of the chapter "Training on multiple devices with JAX".
 
-Names follow d2l's, so ``import d2l_multi as d2l`` runs code written for ``d2l.jax``. Importing
-the package loads nothing else: each name is imported from its module on first use, so JAX's
-backend has not started (``simulate_devices`` still works) and Flax, Orbax, Grain and Keras
-load only when a name that needs them is used.
+With ``import d2l_multi as d2l``, code written for d2l's JAX edition runs unchanged where it
+uses the names the chapter needs, with d2l's arguments: ``FashionMNIST`` (``get_dataloader``),
+``load_data_fashion_mnist``, ``Animator``, ``Timer``, ``Accumulator``, ``show_images``,
+``set_axes``, ``use_svg_display``, ``try_gpu``, ``try_all_gpus``, ``num_gpus``, ``split_batch``
+and ``train``. d2l's class framework (``Module``, ``Trainer``, ``DataModule``,
+``HyperParameters``) is not offered: the chapter writes its models and loops as functions and
+Flax modules. Importing the package loads nothing else: each name is imported from its module
+on first use, so JAX's backend has not started (``simulate_devices`` still works) and Flax,
+Orbax, Grain and Keras load only when a name that needs them is used.
 """
 import importlib
 
@@ -81,7 +86,8 @@ _MODULES = {  # module: the public names it holds, in the chapter's order
     "checkpoint": ["CheckpointError", "abstract_like", "check_finite", "check_fits",
                    "check_layouts", "check_optimizer", "check_specs",
                    "checkpoint_manager", "lenet_specs", "restore_checkpoint", "save_checkpoint",
-                   "saved_steps", "sharded_train_state", "state_specs", "train_steps"],
+                   "saved_steps", "sharded_train_state", "state_specs", "train_steps",
+                   "wait_for_saves"],
     "input_pipeline": ["ArraySource", "CheckedIterator", "CheckedPipeline", "check_loader_inputs",
                        "grain_loader"],
     # several processes

@@ -48,6 +48,13 @@ def shard_batch(X, y, mesh, axis_name="data"):
     return shard((X, y), mesh, P(axis_name))
 
 
+def _check_batch_labels(X, y, *args, **kwargs):
+    d2l.check_labels(X, y)
+
+
+shard_batch = d2l.validated(shard_batch, _check_batch_labels)
+
+
 def check_step_optimizer(optimizer):
     """Raise a TypeError unless a step's ``optimizer`` is an optax optimizer (has ``update``)."""
     if not hasattr(optimizer, "update"):

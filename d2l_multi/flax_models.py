@@ -83,9 +83,10 @@ def train_nnx(model, data, num_devices, lr, num_epochs):
     nnx.update((model, optimizer), state)
     animator = d2l.Animator("epoch", "test acc", xlim=[1, num_epochs])
     timer, history = d2l.Timer(), []
+    train_iter = data.get_dataloader(train=True, drop_last=True)
     for epoch in range(num_epochs):
         timer.start()
-        for X, y in data.get_dataloader(train=True, drop_last=True):
+        for X, y in train_iter:
             batch = jax.device_put((X, y), split)
             loss = nnx_train_step(model, optimizer, *batch)
         loss = float(loss)  # waits for the last step: the timer sees it all

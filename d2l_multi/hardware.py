@@ -59,15 +59,18 @@ def size_cpu_thread_pool(n, environ=None):
 
 def choose_devices(accelerators, cpus):
     """The devices the chapter runs on, and why: the accelerators when there are at least two;
-    otherwise the (simulated) CPU devices, so that "N devices" means more than one."""
+    otherwise the (simulated) CPU devices, so that "N devices" means more than one (with a
+    single accelerator, ``devices()`` also makes the first CPU device JAX's default)."""
     accelerators, cpus = list(accelerators), list(cpus)
     if len(accelerators) >= 2:
         return accelerators, f"{len(accelerators)} {accelerators[0].platform.upper()} devices"
     if accelerators:
         kind = accelerators[0].platform
         return cpus, (f"{len(cpus)} simulated CPU devices: with a single {kind.upper()} there "
-                      f"is nothing to split over (it stays available as "
-                      f"jax.devices({kind!r})[0])")
+                      f"is nothing to split over. For the rest of this process JAX's default "
+                      f"device is the first CPU device (jax_default_device), so arrays placed "
+                      f"nowhere else live there; the {kind.upper()} stays available as "
+                      f"jax.devices({kind!r})[0]")
     return cpus, f"{len(cpus)} CPU devices (no accelerator found)"
 
 
