@@ -74,7 +74,7 @@ class TransformerBlock(nnx.Module):
 
 
 class TransformerLM(nnx.Module):
-    """A decoder-only LM; ``remat``: recompute each block; ``dtype``: compute."""
+    """A decoder-only LM; ``remat``: recompute blocks; ``dtype``: compute."""
 
     def __init__(self, vocab_size, seq_len, d_model=64, num_heads=8,
                  num_layers=2, d_ff=None, remat=False, *, rngs, dtype=None):
