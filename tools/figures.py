@@ -755,6 +755,38 @@ def overlap_timeline():
 
 FIGURES += [float_formats, mixed_precision_step, overlap_timeline]
 
+
+def collective_hang():
+    """Two ways an all-reduce waits forever: a device that never reaches it, and (XLA:CPU)
+    a thread pool with no thread left to run the last device's part."""
+    fig, ax = canvas(8.6, 3.6)
+    ax.text(0.15, 3.38, "a device skips the collective", size=9, weight="bold")
+    ax.text(4.5, 3.38, "XLA:CPU's 8 threads: none left for device 7", size=9, weight="bold")
+    for d in range(8):
+        y = 2.95 - d * 0.34
+        ax.text(0.15, y + 0.13, f"device {d}", size=7.5, va="center")
+        box(ax, 0.9, y, 0.8, 0.26, "compute", face=LIGHT[0], size=6.5,
+            style="square,pad=0.0", lw=0.5)
+        if d < 7:
+            box(ax, 1.75, y, 2.4, 0.26, "all-reduce: waits for device 7", face="#FFF2CC",
+                size=6.5, style="square,pad=0.0", lw=0.5)
+        else:
+            box(ax, 1.75, y, 0.9, 0.26, "other branch", face=LIGHT[3], size=6.5,
+                style="square,pad=0.0", lw=0.5)
+            ax.text(2.75, y + 0.13, "goes on", size=6.5, va="center", color=DEVICE[3])
+        label = (f"thread {d}: device {d}'s all-reduce, waiting" if d < 7 else
+                 "thread 7: launching a step, blocked (32 in flight)")
+        box(ax, 4.5, y, 3.0, 0.26, label, face="#FFF2CC" if d < 7 else LIGHT[3], size=6.5,
+            style="square,pad=0.0", lw=0.5)
+    box(ax, 7.6, 0.57, 0.9, 0.26, "device 7's part:\nno thread", face=GREY, size=6,
+        style="square,pad=0.0", lw=0.5)
+    ax.text(4.3, 0.12, "either way XLA sees 7 of 8 devices arrive: it warns that a thread "
+            "may be stuck, then aborts the process", ha="center", size=8, color="#444444")
+    save(fig, "collective_hang")
+
+
+FIGURES += [collective_hang]
+
 if __name__ == "__main__":
     wanted = sys.argv[1:]
     for make in FIGURES:
