@@ -787,6 +787,44 @@ def collective_hang():
 
 FIGURES += [collective_hang]
 
+
+def the_launcher():
+    """The launcher, its watchdog and two workers, each in its own process group."""
+    fig, ax = canvas(8.6, 3.7)
+    box(ax, 0.15, 1.75, 3.0, 1.75, "", face="#F7F7F7", edge="#999999")
+    ax.text(0.3, 3.25, "python -m d2l_multi launch -n 2", size=9, weight="bold")
+    for i, line in enumerate(["picks a free port on 127.0.0.1",
+                              "and a secret for this launch",
+                              "prefixes the output: [p0] ..., [p1] ...",
+                              "stops every worker at the first failure,",
+                              "a signal (Ctrl-C) or --timeout"]):
+        ax.text(0.3, 2.9 - 0.25 * i, line, size=8)
+    box(ax, 0.15, 0.3, 3.0, 0.95, "watchdog: kills the workers' process\n"
+        "groups if the launcher dies (even SIGKILL)", face="#FFF2CC", size=8)
+    arrow(ax, (1.65, 1.75), (1.65, 1.25), color="#777777", lw=0.8)
+    ax.text(1.75, 1.45, "process groups", size=7.5, color="#555555")
+    for p in range(2):
+        y0 = 2.0 - p * 1.7
+        box(ax, 4.3, y0, 4.1, 1.45, "", face=LIGHT[p], edge=DEVICE[p])
+        ax.text(4.42, y0 + 1.22, f"process group of worker p{p}", size=8.5,
+                weight="bold", color=DEVICE[p])
+        ax.text(4.42, y0 + 0.9, f"D2L_MULTI_PROCESS_ID={p}, ..._NUM_PROCESSES=2,",
+                size=7.5)
+        ax.text(4.42, y0 + 0.68, "..._COORDINATOR_ADDRESS=127.0.0.1:PORT,", size=7.5)
+        ax.text(4.42, y0 + 0.46, "..._JOB_SECRET, ..._DEVICES_PER_PROCESS", size=7.5)
+        ax.text(4.42, y0 + 0.16, "coordinator service (process 0 only)" if p == 0 else
+                "joins; shows HMAC(secret, its id)", size=7.5, color="#555555")
+        arrow(ax, (3.15, 2.6), (4.3, y0 + 1.0), color=INK, lw=1.0)
+        arrow(ax, (4.3, y0 + 0.45), (3.15, 2.0), color="#777777", lw=0.8, ls="--")
+    ax.text(3.3, 2.95, "start with\nsettings", size=7.5)
+    ax.text(3.25, 1.55, "output\nlines", size=7.5, color="#555555")
+    arrow(ax, (6.9, 0.3 + 1.45), (6.9, 2.0), color=DEVICE[1], lw=1.0, style="<|-|>")
+    ax.text(7.0, 1.875, "coordinator: 127.0.0.1 only", size=7.5, va="center", color="#555555")
+    save(fig, "the_launcher")
+
+
+FIGURES += [the_launcher]
+
 if __name__ == "__main__":
     wanted = sys.argv[1:]
     for make in FIGURES:
