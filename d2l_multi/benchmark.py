@@ -416,7 +416,8 @@ def models_main(argv):
     import jax.numpy as jnp
     import d2l_multi as d2l
     print(_machine())
-    kinds = [jax.devices("cpu")[0]] + [d for d in jax.devices() if d.platform != "cpu"][:1]
+    from .hardware import _accelerators
+    kinds = [jax.devices("cpu")[0]] + _accelerators()[:1]
     B = args.batch_size
     print(f"batch {B}; median of {d2l.shrink(args.repeat, 2)} steps after a warm-up; "
           f"sec/epoch = ms/step x {EPOCH_IMAGES // B} steps; FLOPs as XLA:CPU counts them")

@@ -11,7 +11,6 @@ file is checked against the sha256 of its *decompressed* content, so a re-gzippe
 import functools
 import gzip
 import hashlib
-import itertools
 import os
 import pathlib
 import tempfile
@@ -230,25 +229,30 @@ def load_dataset(name="fashion-mnist", data_dir=None):
 
 
 class Batches:
-    """Mini-batches ``(X, y)`` of two arrays. With ``shuffle``, every pass draws a new order:
-    pass ``k`` of the counter ``passes`` (shared by the loaders of one data module, so asking
-    for a new loader every epoch reshuffles too) uses the permutation ``(seed, k)``."""
+    """Mini-batches ``(X, y)`` of two arrays. With ``shuffle``, pass ``k`` over this loader
+    (counted from ``epoch``) uses the permutation drawn from ``(seed, epoch + k)``: iterating
+    one loader once per epoch reshuffles every epoch, and nothing outside the loader (another
+    loader, a peek at a batch) changes its order."""
 
-    def __init__(self, X, y, batch_size, shuffle=False, drop_last=False, seed=0, passes=None):
+    def __init__(self, X, y, batch_size, shuffle=False, drop_last=False, seed=0, epoch=0):
         self.X, self.y, self.batch_size = X, y, batch_size
-        self.shuffle, self.drop_last, self.seed = shuffle, drop_last, seed
-        self.passes = itertools.count() if passes is None else passes
+        self.shuffle, self.drop_last, self.seed, self.epoch = shuffle, drop_last, seed, epoch
 
     def __len__(self):
         n, b = len(self.X), self.batch_size
         return n // b if self.drop_last else -(-n // b)
 
     def __iter__(self):
-        n, b = len(self.X), self.batch_size
+        n = len(self.X)
         if self.shuffle:
-            order = np.random.default_rng((self.seed, next(self.passes))).permutation(n)
+            order = np.random.default_rng((self.seed, self.epoch)).permutation(n)
+            self.epoch += 1  # the next pass is the next epoch
         else:
             order = np.arange(n)
+        return self._batches(order)
+
+    def _batches(self, order):
+        b = self.batch_size
         for i in range(0, len(self) * b, b):
             idx = order[i:i + b]
             yield self.X[idx], self.y[idx]
@@ -293,7 +297,6 @@ class FashionMNIST:
         self.batch_size, self.resize, self.seed = batch_size, resize, seed
         self.train = self._prepare(*raw["train"], shrink(num_train, self.smoke_sizes[0]))
         self.val = self._prepare(*raw["test"], shrink(num_val, self.smoke_sizes[1]))
-        self._passes = itertools.count()  # training passes drawn so far, by any loader
 
     def _prepare(self, X, y, n):
         X, y = X[:n], y[:n]
@@ -307,12 +310,16 @@ class FashionMNIST:
         """Return the text labels of integer class indices."""
         return [self.labels[int(i)] for i in indices]
 
-    def get_dataloader(self, train, batch_size=None, drop_last=False):
-        """Return an iterable of ``(X, y)`` batches; training batches are reshuffled on every
-        pass, reproducibly from ``seed``. ``drop_last``: skip the last incomplete batch."""
+    def get_dataloader(self, train, batch_size=None, drop_last=False, epoch=0):
+        """Return an iterable of ``(X, y)`` batches. Training batches come in the order of
+        ``(seed, epoch)``, and every further pass over the same loader is the next epoch's:
+        make the loader once and iterate it once per epoch (or pass ``epoch=k`` to a loader
+        made for epoch ``k``). ``drop_last``: skip the last incomplete batch."""
         batch_size = self.batch_size if batch_size is None else batch_size
         if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
             raise ValueError(f"batch_size must be a positive integer, got {batch_size!r}")
+        if isinstance(epoch, bool) or not isinstance(epoch, int) or epoch < 0:
+            raise ValueError(f"epoch must be a non-negative integer, got {epoch!r}")
         X, y = self.train if train else self.val
         if drop_last and len(X) < batch_size:
             raise ValueError(
@@ -320,7 +327,7 @@ class FashionMNIST:
                 f"one batch of {batch_size}, so drop_last=True leaves no batch at all; use a "
                 f"batch size of at most {len(X)}, or keep more examples (num_train/num_val)")
         return Batches(X, y, batch_size, shuffle=train, drop_last=drop_last, seed=self.seed,
-                       passes=self._passes)
+                       epoch=epoch)
 
     def train_dataloader(self):
         return self.get_dataloader(train=True)

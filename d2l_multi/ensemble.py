@@ -88,8 +88,9 @@ def train_ensemble(state, data, num_epochs):
     d2l.check_positive(num_epochs=num_epochs)
     animator = d2l.Animator(xlabel="epoch", ylabel="test accuracy", xlim=[1, num_epochs],
                             legend=["mean member", "ensemble"])
+    train_iter = data.get_dataloader(True, drop_last=True)
     for epoch in range(num_epochs):
-        for X, y in data.get_dataloader(True, drop_last=True):
+        for X, y in train_iter:
             grads, loss, accuracy = apply_ensemble(state, *jax_utils.replicate((X, y)))
             state = d2l.update_model(state, grads)
         members, ensemble = evaluate_ensemble(state, data.get_dataloader(False))
@@ -159,8 +160,9 @@ def train_stacked(state, data, num_epochs, mesh):
     step = map_members(member_step, mesh)
     animator = d2l.Animator(xlabel="epoch", ylabel="test accuracy", xlim=[1, num_epochs],
                             legend=["mean member", "ensemble"])
+    train_iter = data.get_dataloader(True, drop_last=True)
     for epoch in range(num_epochs):
-        for X, y in data.get_dataloader(True, drop_last=True):
+        for X, y in train_iter:
             state, loss, accuracy = step(state, *d2l.shard((X, y), mesh))
         members, ensemble = evaluate_stacked(state, data.get_dataloader(False), mesh)
         animator.add(epoch + 1, (members.mean(), ensemble))

@@ -65,6 +65,13 @@ def loss_fn(params, X, y):
     return optax.softmax_cross_entropy(logits, jax.nn.one_hot(y, 10)).mean()
 
 
+def _check_loss_inputs(params, X, y):
+    d2l.check_labels(X, y, num_classes=jnp.shape(jax.tree.leaves(params)[-1])[-1])
+
+
+loss_fn = d2l.validated(loss_fn, _check_loss_inputs)
+
+
 
 @jax.jit
 def num_correct(params, X, y):

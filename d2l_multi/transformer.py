@@ -1,8 +1,10 @@
 """A small decoder-only Transformer in Flax NNX whose parameters carry logical
 axis names ('embed', 'heads', 'mlp', 'vocab'; its activations 'batch'), and its
-loss."""
+loss. ``dtype`` is the precision the layers compute in (default: their
+parameters', float32)."""
 import flax.core.spmd
 import jax
+import jax.numpy as jnp
 import optax
 from flax import nnx
 from jax.sharding import PartitionSpec as P
@@ -13,9 +15,9 @@ def logical_init(names):
     return nnx.with_partitioning(nnx.initializers.lecun_normal(), names)
 
 
-def logical_linear(d_in, d_out, names, *, rngs):
+def logical_linear(d_in, d_out, names, *, rngs, dtype=None):
     """A linear layer, no bias, whose (d_in, d_out) kernel carries ``names``."""
-    return nnx.Linear(d_in, d_out, use_bias=False,
+    return nnx.Linear(d_in, d_out, use_bias=False, dtype=dtype,
                       kernel_init=logical_init(names), rngs=rngs)
 
 
@@ -31,9 +33,10 @@ def logical_constraint(x, names):
 class CausalSelfAttention(nnx.MultiHeadAttention):
     """Flax's multi-head self-attention with a causal mask."""
 
-    def __init__(self, d_model, num_heads, *, rngs):
+    def __init__(self, d_model, num_heads, *, rngs, dtype=None):
         super().__init__(
-            num_heads, d_model, use_bias=False, decode=False, rngs=rngs,
+            num_heads, d_model, use_bias=False, decode=False, dtype=dtype,
+            rngs=rngs,
             kernel_init=logical_init(("embed", "heads", None)),
             out_kernel_init=logical_init(("heads", None, "embed")))
 
@@ -44,9 +47,11 @@ class CausalSelfAttention(nnx.MultiHeadAttention):
 class MLP(nnx.Module):
     """Two matrices with a GELU between them."""
 
-    def __init__(self, d_model, d_ff, *, rngs):
-        self.up = logical_linear(d_model, d_ff, ("embed", "mlp"), rngs=rngs)
-        self.down = logical_linear(d_ff, d_model, ("mlp", "embed"), rngs=rngs)
+    def __init__(self, d_model, d_ff, *, rngs, dtype=None):
+        self.up = logical_linear(d_model, d_ff, ("embed", "mlp"), rngs=rngs,
+                                 dtype=dtype)
+        self.down = logical_linear(d_ff, d_model, ("mlp", "embed"), rngs=rngs,
+                                   dtype=dtype)
 
     def __call__(self, x):
         return self.down(jax.nn.gelu(self.up(x)))
@@ -55,11 +60,12 @@ class MLP(nnx.Module):
 class TransformerBlock(nnx.Module):
     """A pre-LayerNorm block: x + attention(norm(x)), then x + MLP(norm(x))."""
 
-    def __init__(self, d_model, num_heads, d_ff=None, *, rngs):
-        self.norm1 = nnx.LayerNorm(d_model, rngs=rngs)  # no names: replicated
-        self.attention = CausalSelfAttention(d_model, num_heads, rngs=rngs)
-        self.norm2 = nnx.LayerNorm(d_model, rngs=rngs)
-        self.mlp = MLP(d_model, d_ff or 4 * d_model, rngs=rngs)
+    def __init__(self, d_model, num_heads, d_ff=None, *, rngs, dtype=None):
+        self.norm1 = nnx.LayerNorm(d_model, dtype=dtype, rngs=rngs)  # no names
+        self.attention = CausalSelfAttention(d_model, num_heads, rngs=rngs,
+                                             dtype=dtype)
+        self.norm2 = nnx.LayerNorm(d_model, dtype=dtype, rngs=rngs)
+        self.mlp = MLP(d_model, d_ff or 4 * d_model, rngs=rngs, dtype=dtype)
 
     def __call__(self, x):
         x = logical_constraint(x, ("batch", None, None))  # split by examples
@@ -68,25 +74,26 @@ class TransformerBlock(nnx.Module):
 
 
 class TransformerLM(nnx.Module):
-    """A decoder-only language model; ``remat``: recompute each block."""
+    """A decoder-only LM; ``remat``: recompute each block; ``dtype``: compute."""
 
     def __init__(self, vocab_size, seq_len, d_model=64, num_heads=8,
-                 num_layers=2, d_ff=None, remat=False, *, rngs):
+                 num_layers=2, d_ff=None, remat=False, *, rngs, dtype=None):
         self.remat = remat
-        self.embed = nnx.Embed(vocab_size, d_model, rngs=rngs,
+        self.embed = nnx.Embed(vocab_size, d_model, rngs=rngs, dtype=dtype,
                                embedding_init=logical_init(("vocab", "embed")))
         self.position = nnx.Param(
             0.02 * jax.random.normal(rngs.params(), (seq_len, d_model)),
             out_sharding=(None, "embed"))
         self.blocks = nnx.List([
-            TransformerBlock(d_model, num_heads, d_ff, rngs=rngs)
+            TransformerBlock(d_model, num_heads, d_ff, rngs=rngs, dtype=dtype)
             for _ in range(num_layers)])
-        self.norm = nnx.LayerNorm(d_model, rngs=rngs)
+        self.norm = nnx.LayerNorm(d_model, dtype=dtype, rngs=rngs)
         self.head = logical_linear(d_model, vocab_size, ("embed", "vocab"),
-                                   rngs=rngs)
+                                   rngs=rngs, dtype=dtype)
 
     def __call__(self, tokens):
-        x = self.embed(tokens) + self.position[:tokens.shape[1]]
+        x = self.embed(tokens)  # in the embedding's dtype
+        x = x + self.position[:tokens.shape[1]].astype(x.dtype)
         apply = lambda block, x: block(x)
         for block in self.blocks:
             x = (nnx.remat(apply) if self.remat else apply)(block, x)
@@ -94,5 +101,6 @@ class TransformerLM(nnx.Module):
 
 
 def lm_loss(model, X, Y):
-    """Mean cross-entropy of the next-token logits for inputs X, targets Y."""
-    return optax.softmax_cross_entropy_with_integer_labels(model(X), Y).mean()
+    """Mean next-token cross-entropy, in float32 whatever the model's dtype."""
+    logits = model(X).astype(jnp.float32)
+    return optax.softmax_cross_entropy_with_integer_labels(logits, Y).mean()

@@ -10,6 +10,7 @@ import pytest
 from jax import lax
 
 import d2l_multi as d2l
+from recording import RecordingData
 
 N = 8
 ATOL = 1e-6  # float32 rounding: the devices sum the same numbers in a different order
@@ -101,6 +102,39 @@ def test_train_small_run_learns_and_nan_stops():
     assert history[-1]["loss"] < 1.2  # ln 10 = 2.30 at the start
     with pytest.raises(FloatingPointError, match="lr=1e\\+30.*try lr=1e\\+29"):
         d2l.train(N, 64, 1e30, 1, data)
+
+
+def test_train_reshuffles_every_epoch_and_a_rerun_sees_the_same_batches():
+    data = RecordingData()
+    d2l.train(1, 8, 0.1, 2, data)
+    d2l.train(1, 8, 0.1, 2, data)
+    assert data.epochs == [0, 1, 0, 1]
+
+
+def test_save_atomic_gives_a_new_file_s_mode_without_touching_the_umask(tmp_path,
+                                                                       monkeypatch):
+    """Setting the umask to read it would change it, for a moment, for every thread."""
+    from d2l_multi.cli import save_atomic
+    old = os.umask(0o027)
+    try:
+        def no_umask(mask):
+            raise AssertionError("save_atomic changed the umask")
+        monkeypatch.setattr(os, "umask", no_umask)
+        path = save_atomic(tmp_path / "r.json", lambda tmp: open(tmp, "w").write("{}"))
+    finally:
+        monkeypatch.undo()
+        os.umask(old)
+    assert path.read_text() == "{}" and path.stat().st_mode & 0o777 == 0o640
+    assert [p.name for p in tmp_path.iterdir()] == ["r.json"]
+
+
+def test_help_lists_every_command():
+    for flag in ("--help", "-h"):
+        result = run_cli(flag)
+        assert result.returncode == 0, result.stderr
+        for command in ("train", "benchmark", "launch", "book"):
+            assert f"\n  {command} " in result.stdout, result.stdout
+        assert "python -m d2l_multi COMMAND --help" in result.stdout
 
 
 def run_cli(*args):

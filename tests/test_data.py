@@ -152,28 +152,48 @@ def test_batches_iterate_shuffle_and_drop_last():
     assert np.array_equal(np.concatenate([b[1] for b in dm.Batches(X, y, 4)]), y)
 
 
-def epoch_orders(data, new_loader_every_epoch, epochs=3):
-    loader = data.get_dataloader(train=True)
-    orders = []
-    for _ in range(epochs):
-        if new_loader_every_epoch:
-            loader = data.get_dataloader(train=True)
-        orders.append(np.concatenate([yb for _, yb in loader]).tolist())
-    return orders
-
-
-@pytest.mark.parametrize("new_loader_every_epoch", [False, True])
-def test_every_epoch_is_reshuffled_reproducibly_from_the_seed(tiny, new_loader_every_epoch):
-    """d2l's pattern (one loader iterated every epoch) and a new loader per epoch both see a
-    new order every epoch; the same seed gives the same orders, another seed others."""
+def tiny_data(tiny, seed=0):
     tiny_module = type("Tiny", (d2l.FashionMNIST,), {"name": "tiny", "smoke_sizes": (20, 10)})
-    make = lambda seed: tiny_module(batch_size=4, data_dir=tiny["source"],  # noqa: E731
-                                    seed=seed)
-    orders = epoch_orders(make(0), new_loader_every_epoch)
+    return tiny_module(batch_size=4, data_dir=tiny["source"], seed=seed)
+
+
+def order(loader):
+    """The labels of one pass over ``loader``, in the order it serves them."""
+    return np.concatenate([yb for _, yb in loader]).tolist()
+
+
+def test_an_epoch_s_order_is_a_function_of_the_seed_and_the_epoch(tiny):
+    """d2l's pattern (one loader, iterated once per epoch) sees a new order every epoch; a
+    loader made for epoch k (epoch=k) serves that same order; the seed decides them all."""
+    loader = tiny_data(tiny).get_dataloader(train=True)
+    orders = [order(loader) for _ in range(3)]
     assert all(sorted(o) == sorted(orders[0]) for o in orders)   # each a permutation
     assert len({tuple(o) for o in orders}) == 3                 # three different orders
-    assert orders == epoch_orders(make(0), new_loader_every_epoch)  # reproducible
-    assert orders != epoch_orders(make(1), new_loader_every_epoch)  # the seed matters
+    data = tiny_data(tiny)
+    assert orders == [order(data.get_dataloader(train=True, epoch=k)) for k in range(3)]
+    assert [order(data.get_dataloader(train=True)) for _ in range(3)] == [orders[0]] * 3
+    assert orders[0] != order(tiny_data(tiny, seed=1).get_dataloader(train=True))
+
+
+def test_peeking_at_a_batch_does_not_change_what_training_sees(tiny):
+    """A notebook looks at a batch, then trains: the look changes nothing."""
+    untouched = tiny_data(tiny).get_dataloader(train=True)
+    expected = [order(untouched) for _ in range(2)]
+    data = tiny_data(tiny)
+    next(iter(data.get_dataloader(train=True)))                  # peek at a batch
+    data.train[0][:8]
+    [b for _, b in zip(range(3), data.get_dataloader(train=True))]  # three batches
+    loader = data.get_dataloader(train=True)
+    assert [order(loader) for _ in range(2)] == expected
+
+
+def test_re_running_a_training_cell_sees_the_same_batches(tiny):
+    data = tiny_data(tiny)
+
+    def cell():  # a cell that trains two epochs on the data module of an earlier cell
+        loader = data.get_dataloader(train=True, drop_last=True)
+        return [order(loader) for _ in range(2)]
+    assert cell() == cell()
 
 
 @pytest.mark.parametrize("kwargs,message", [

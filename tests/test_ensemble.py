@@ -16,6 +16,7 @@ from flax import jax_utils
 from jax.sharding import PartitionSpec as P
 
 import d2l_multi as d2l
+from recording import RecordingData
 from trees import SGD_TOL, assert_trees_close
 
 K = 3                 # SGD steps, k >= 3
@@ -272,6 +273,13 @@ def test_train_ensemble_and_train_stacked_agree(monkeypatch, stacked_initial, ba
     assert members_p.shape == members_s.shape == (NUM_DEVICES,)
     np.testing.assert_allclose(members_p, members_s)
     assert ensemble_p == pytest.approx(ensemble_s) and 0 <= ensemble_p <= 1
+
+
+def test_the_ensemble_loops_reshuffle_every_epoch(pmap_run, stacked_initial):
+    data = RecordingData()
+    d2l.train_ensemble(pmap_run[0], data, num_epochs=2)
+    d2l.train_stacked(stacked_initial, data, num_epochs=2, mesh=model_mesh())
+    assert data.epochs == [0, 1, 0, 1]
 
 
 @pytest.mark.parametrize("bad", [0, -1, float("nan")])

@@ -715,6 +715,76 @@ def step_timeline():
 FIGURES += [step_timeline, batchnorm_statistics]
 
 
+def float_formats():
+    """The bits of float32, float16 and bfloat16: sign, exponent, fraction."""
+    fig, ax = canvas(8.4, 2.6)
+    unit = 0.2
+    rows = [("float32", 8, 23), ("float16", 5, 10), ("bfloat16", 8, 7)]
+    for r, (name, exp, frac) in enumerate(rows):
+        y = 2.05 - r * 0.65
+        ax.text(1.25, y + 0.15, name, ha="right", va="center", size=9, weight="bold")
+        x = 1.4
+        for width, face, label in ((1, "#C44E52", "sign"), (exp, "#4C72B0", f"exponent {exp}"),
+                                   (frac, "#55A868", f"fraction {frac}")):
+            box(ax, x, y, width * unit, 0.3, label if width > 3 else "", face=face,
+                color="white", size=7.5, style="square,pad=0.0", lw=0.6)
+            x += width * unit
+        ax.text(x + 0.1, y + 0.15, f"{1 + exp + frac} bits", va="center", size=8,
+                color="#555555")
+    ax.text(4.2, 0.2, "bfloat16: the range of float32 (8 exponent bits), "
+            "8 significant bits instead of 24", ha="center", size=8.5, color="#444444")
+    save(fig, "float_formats")
+
+
+def mixed_precision_step():
+    """One mixed-precision data-parallel step: float32 master weights, a bfloat16 compute copy,
+    bfloat16 gradients all-reduced, a float32 update."""
+    fig, ax = canvas(8.6, 2.3)
+    f32, bf16 = "#4C72B0", "#DD8452"
+    steps = [("master weights\nfloat32", f32), ("compute copy\nbfloat16", bf16),
+             ("forward, backward\nbfloat16", bf16), ("all-reduce\ngradients, bfloat16", bf16),
+             ("cast gradients\nto float32", f32), ("optimizer update\nfloat32 state", f32)]
+    for i, (text, face) in enumerate(steps):
+        x = 0.2 + i * 1.4
+        box(ax, x, 0.95, 1.15, 0.7, text, face=face, color="white", size=7.5)
+        if i:
+            arrow(ax, (x - 0.25, 1.3), (x, 1.3))
+    arrow(ax, (7.6, 0.95), (0.78, 0.95), rad=-0.2)
+    ax.text(4.3, 0.6, "the update is added in float32, where a small one survives",
+            ha="center", size=8, color="#444444")
+    ax.text(4.3, 2.0, "blue: float32, orange: bfloat16", ha="center", size=8, color="#444444")
+    save(fig, "mixed_precision_step")
+
+
+def overlap_timeline():
+    """FSDP forward over 4 layers: gathering each layer's weights before computing it (serial)
+    versus gathering layer i+1 while layer i computes (overlapped)."""
+    fig, ax = canvas(8.6, 2.9)
+    unit, comm, comp, x0 = 0.5, 1.0, 1.6, 1.15   # time units: a gather, a layer
+    rows = (("synchronous: gather the weights, then compute", False),
+            ("asynchronous: gather the next layer's weights during this layer", True))
+    for row, (title, overlap) in enumerate(rows):
+        y = 1.7 - row * 1.3
+        ax.text(0.2, y + 0.7, title, size=9, weight="bold")
+        ax.text(x0 - 0.1, y + 0.43, "compute", ha="right", va="center", size=7.5)
+        ax.text(x0 - 0.1, y + 0.09, "network", ha="right", va="center", size=7.5)
+        gather_start, layer_end = 0.0, 0.0
+        for i in range(4):
+            gather_end = gather_start + comm
+            layer_start = max(gather_end, layer_end)
+            box(ax, x0 + gather_start * unit, y - 0.04, comm * unit, 0.26,
+                f"gather {i + 1}", face="#FFF2CC", size=6.5, style="square,pad=0.0", lw=0.5)
+            box(ax, x0 + layer_start * unit, y + 0.3, comp * unit, 0.26, f"layer {i + 1}",
+                face=DEVICE[0], color="white", size=6.5, style="square,pad=0.0", lw=0.5)
+            layer_end = layer_start + comp
+            gather_start = layer_start if overlap else layer_end
+        ax.plot([x0 + layer_end * unit] * 2, [y - 0.08, y + 0.6], color=INK, lw=0.8, ls=":")
+        ax.text(x0 + layer_end * unit + 0.08, y + 0.25, "done", va="center", size=7.5)
+    save(fig, "overlap_timeline")
+
+
+FIGURES += [float_formats, mixed_precision_step, overlap_timeline]
+
 if __name__ == "__main__":
     wanted = sys.argv[1:]
     for make in FIGURES:
