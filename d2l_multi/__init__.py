@@ -56,10 +56,9 @@ _MODULES = {  # module: the public names it holds, in the chapter's order
                         "check_train_sharded", "lost_updates", "make_mixed_precision_step",
                         "mixed_loss_fn", "partitioned_hlo", "train_sharded"],
     # ensembles
-    "ensemble": ["apply_ensemble", "check_ensemble_size", "create_ensemble_state",
-                 "create_stacked_ensemble", "ensemble_num_correct", "evaluate_ensemble",
-                 "evaluate_stacked", "map_members", "member_num_correct", "member_step",
-                 "stacked_train_step", "train_ensemble", "train_stacked"],
+    "ensemble": ["check_ensemble_size", "create_ensemble_state", "create_stacked_ensemble",
+                 "ensemble_step", "map_members", "member_step", "stacked_train_step",
+                 "train_ensemble"],
     # memory and meshes
     "memory": ["OPTIMIZER_STATE_COPIES", "check_training_memory",
                "check_transformer_footprint", "count_params",

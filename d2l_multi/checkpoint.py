@@ -25,6 +25,8 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
 import d2l_multi as d2l
 
+from .utils import validated
+
 
 class CheckpointError(RuntimeError):
     """A checkpoint exists but cannot be read: it is damaged or was not written by Orbax."""
@@ -61,10 +63,14 @@ def check_layouts(tree, specs, mesh):
 
 
 def lenet_specs(axis="model"):
-    """LeNet's layouts: convolutions replicated, dense layers tensor-parallel over ``axis``."""
+    """LeNet's layouts: replicated convolutions, dense layers over ``axis``."""
+    return [P(), P(), P(), P(), P(None, axis), P(axis), P(axis, None), P()]
+
+
+def check_lenet_specs(axis="model"):
+    """Raise a ValueError unless ``axis`` names a mesh axis."""
     if not isinstance(axis, str) or not axis:
         raise ValueError(f"axis must be the name of a mesh axis, e.g. 'model', got {axis!r}")
-    return [P(), P(), P(), P(), P(None, axis), P(axis), P(axis, None), P()]
 
 
 def check_optimizer(optimizer):
@@ -75,30 +81,51 @@ def check_optimizer(optimizer):
 
 
 def state_specs(optimizer, params, specs):
-    """The train state's PartitionSpecs: ``specs`` for parameters and moments, P() for the rest."""
-    d2l.check_optimizer(optimizer)
-    d2l.check_specs(params, specs)
-    opt_state = jax.eval_shape(optimizer.init, params)  # shapes only, nothing allocated
+    """The train state's specs: ``specs`` for parameters and moments."""
+    opt_state = jax.eval_shape(optimizer.init, params)  # shapes only
     return {"params": specs,
-            "opt_state": optax.tree_map_params(optimizer, lambda _, spec: spec, opt_state, specs,
-                                               transform_non_params=lambda _: P()),
+            "opt_state": optax.tree_map_params(
+                optimizer, lambda _, spec: spec, opt_state, specs,
+                transform_non_params=lambda _: P()),
             "step": P()}
 
 
+def check_state_specs(optimizer, params, specs):
+    """Raise a ValueError unless ``optimizer`` is optax's and ``specs`` fit ``params``."""
+    d2l.check_optimizer(optimizer)
+    d2l.check_specs(params, specs)
+
+
 def sharded_train_state(params, optimizer, mesh, specs):
-    """The train state ``{'params', 'opt_state', 'step'}`` laid out on ``mesh``."""
-    d2l.check_layouts(params, specs, mesh)
-    layouts = state_specs(optimizer, params, specs)
+    """The train state ``{'params', 'opt_state', 'step'}`` on ``mesh``."""
     state = {"params": params, "opt_state": optimizer.init(params),
              "step": jnp.zeros((), jnp.int32)}
-    return jax.tree.map(lambda x, spec: d2l.shard(x, mesh, spec), state, layouts)
+    layouts = state_specs(optimizer, params, specs)
+    return jax.tree.map(
+        lambda x, spec: jax.device_put(x, NamedSharding(mesh, spec)),
+        state, layouts)
+
+
+def check_train_state(params, optimizer, mesh, specs):
+    """Raise a ValueError unless ``specs`` lay ``params`` out on ``mesh``."""
+    d2l.check_layouts(params, specs, mesh)
 
 
 def abstract_like(tree, mesh, specs):
-    """The restore target: ``tree``'s shapes and dtypes, laid out by ``specs`` on ``mesh``."""
-    d2l.check_layouts(tree, specs, mesh)
+    """The restore target: ``tree``'s shapes and dtypes, placed on ``mesh``."""
     return jax.tree.map(lambda x, spec: jax.ShapeDtypeStruct(
         x.shape, x.dtype, sharding=NamedSharding(mesh, spec)), tree, specs)
+
+
+def check_abstract_like(tree, mesh, specs):
+    """Raise a ValueError unless ``specs`` lay ``tree`` out on ``mesh``."""
+    d2l.check_layouts(tree, specs, mesh)
+
+
+lenet_specs = validated(lenet_specs, check_lenet_specs)
+state_specs = validated(state_specs, check_state_specs)
+sharded_train_state = validated(sharded_train_state, check_train_state)
+abstract_like = validated(abstract_like, check_abstract_like)
 
 
 def _check_directory(directory, name="directory"):
@@ -460,7 +487,7 @@ def _check_step(state, step, where, steps):
     if held is not None and np.ndim(held) == 0 and int(held) != step:
         raise CheckpointError(f"the folder {where} holds the state of step {int(held)}, not of "
                               f"step {step}: it was copied or renamed. Delete it, or name it "
-                              f"{int(held)}; {_another(steps)}")
+                              f"{int(held)}. {_another(steps)}")
 
 
 def restore_checkpoint(directory, target, step=None, data_iter=None):

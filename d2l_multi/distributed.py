@@ -26,6 +26,7 @@ import numpy as np
 from jax.sharding import NamedSharding, PartitionSpec as P
 
 import d2l_multi as d2l
+from d2l_multi.utils import validated
 
 # What the launcher (d2l_multi/launch.py) puts into every worker's environment.
 COORDINATOR_ENV = "D2L_MULTI_COORDINATOR_ADDRESS"
@@ -147,15 +148,17 @@ def check_devices_per_process(devices_per_process):
 
 
 def check_device_counts(devices_per_process=None):
-    """Raise unless every process has ``devices_per_process`` devices (default: as process 0)."""
-    d2l.check_devices_per_process(devices_per_process)
-    processes, counts = np.unique([d.process_index for d in jax.devices()], return_counts=True)
+    """Raise unless every process has ``devices_per_process`` devices (default:
+    as many as process 0)."""
+    processes, counts = np.unique([d.process_index for d in jax.devices()],
+                                  return_counts=True)
     expected = devices_per_process or int(counts[0])
     if (counts != expected).any():
         listing = ", ".join(f"process {p}: {n}" for p, n in zip(processes, counts))
-        raise ValueError(f"every process should have {expected} device(s), but {listing}. JAX "
-                         f"needs as many in every process: launch all of them with the same "
-                         f"--devices-per-process (and as many accelerators each)")
+        raise ValueError(
+            f"every process should have {expected} device(s), but {listing}. "
+            f"JAX needs as many in every process: launch all of them with the "
+            f"same --devices-per-process (and as many accelerators each)")
 
 
 def _exit_at_once(kind, value, traceback):
@@ -165,17 +168,20 @@ def _exit_at_once(kind, value, traceback):
     exit_worker(130 if issubclass(kind, KeyboardInterrupt) else 1)
 
 
-def exit_worker(status=0):
-    """End this worker process with exit ``status`` (0..255). A failure ends it at once
-    (``os._exit``, after flushing its output), so that nothing waits for it: neither the
-    launcher nor its peers, nor the interpreter for background threads that a failed save
-    left waiting (Orbax's); success exits normally."""
+def _check_status(status=0):
+    """Raise a ValueError unless ``status`` is an exit status from 0 to 255."""
     if isinstance(status, bool) or not isinstance(status, int) or not 0 <= status <= 255:
         raise ValueError(f"status must be an exit status from 0 to 255, got {status!r}")
+
+
+def exit_worker(status=0):
+    """End this worker process with exit ``status``: success normally, a
+    failure at once, waiting for nothing (neither the launcher nor the peers
+    nor threads left waiting, as Orbax's are after a failed save)."""
     if status:
         sys.stdout.flush()
         sys.stderr.flush()
-        os._exit(status)
+        os._exit(status)  # no clean-up handlers, no shutdown barrier
     sys.exit(status)
 
 
@@ -325,14 +331,20 @@ def check_batch_inputs(X, y, batch_size, seed, epoch):
             raise ValueError(f"{name} must be a non-negative integer, got {value!r}")
 
 
-def process_batches(X, y, batch_size, shuffle=False, seed=0, epoch=0):
-    """Yield this process's rows ``(X, y, weight)`` of every global batch of ``batch_size``."""
+def _check_process_batches(X, y, batch_size, shuffle=False, seed=0, epoch=0):
+    """Raise a ValueError unless ``process_batches`` can take these arguments."""
     d2l.check_batch_inputs(X, y, batch_size, seed, epoch)
+    d2l.check_divisible(batch_size, jax.process_count(), over="processes")
+
+
+def process_batches(X, y, batch_size, shuffle=False, seed=0, epoch=0):
+    """Yield this process's rows ``(X, y, weight)`` of every global batch."""
     n, num_processes, p = len(X), jax.process_count(), jax.process_index()
-    d2l.check_divisible(batch_size, num_processes, over="processes")
-    order = np.random.default_rng((seed, epoch)).permutation(n) if shuffle else np.arange(n)
-    if shuffle:  # training: drop the last incomplete batch
-        order = order[:n - n % batch_size]
+    if shuffle:  # the same order in every process: it depends on (seed, epoch)
+        order = np.random.default_rng((seed, epoch)).permutation(n)
+        order = order[:n - n % batch_size]  # training: drop a partial batch
+    else:
+        order = np.arange(n)
     pad = -len(order) % batch_size  # evaluation: pad it with rows of weight 0
     weight = np.pad(np.ones(len(order), np.float32), (0, pad))
     order = np.pad(order, (0, pad))
@@ -342,7 +354,7 @@ def process_batches(X, y, batch_size, shuffle=False, seed=0, epoch=0):
         yield X[order[rows]], y[order[rows]], weight[rows]
 
 
-def check_mesh_and_arrays(mesh, local_arrays):
+def check_mesh_and_arrays(mesh, *local_arrays):
     """Raise a ValueError unless ``mesh`` is a Mesh and ``local_arrays`` holds some arrays."""
     if not isinstance(mesh, jax.sharding.Mesh):
         raise ValueError(f"mesh must be a jax.sharding.Mesh, e.g. d2l.device_mesh(), got "
@@ -352,7 +364,16 @@ def check_mesh_and_arrays(mesh, local_arrays):
 
 
 def global_batch(mesh, *local_arrays):
-    """Assemble each process's rows into global arrays sharded over ``mesh``'s first axis."""
-    d2l.check_mesh_and_arrays(mesh, local_arrays)
+    """Assemble each process's rows into global arrays sharded over ``mesh``'s
+    first axis."""
     sharding = NamedSharding(mesh, P(mesh.axis_names[0]))
-    return tuple(jax.make_array_from_process_local_data(sharding, a) for a in local_arrays)
+    return tuple(jax.make_array_from_process_local_data(sharding, a)
+                 for a in local_arrays)
+
+
+# The public names check their arguments first (d2l.validated); the chapter shows
+# the functions themselves.
+check_device_counts = validated(check_device_counts, check_devices_per_process)
+exit_worker = validated(exit_worker, _check_status)
+process_batches = validated(process_batches, _check_process_batches)
+global_batch = validated(global_batch, check_mesh_and_arrays)

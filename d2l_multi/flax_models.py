@@ -103,11 +103,10 @@ def check_train_nnx(model, data, num_devices, lr, num_epochs):
     """Raise a ValueError for a bad setting of ``train_nnx``, naming the fix."""
     d2l.check_positive(lr=lr, num_epochs=num_epochs)
     d2l.devices(num_devices)  # that many devices exist
-    loader = data.get_dataloader(train=True, drop_last=True)
-    batch_size = getattr(loader, "batch_size", None)  # a pass would draw an epoch
-    if batch_size is None:  # a plain list of batches: look at the first
-        batch_size = len(next(iter(loader))[0])
-    d2l.check_divisible(batch_size, num_devices)
+    batch = getattr(data, "batch_size", None)  # no training pass is spent on a check
+    if batch is None:
+        batch = len(next(iter(data.get_dataloader(train=False)))[0])
+    d2l.check_divisible(batch, num_devices)
 
 
 # ----- Classic: Flax Linen, TrainState and pmap -----

@@ -310,7 +310,8 @@ def test_constants_in_the_notebooks_equal_the_library():
 # --- bad input ------------------------------------------------------------------------------
 
 @pytest.mark.parametrize("name", ["training_memory", "transformer_footprint",
-                                  "use_sharding", "abstract_state", "create_sharded"])
+                                  "use_sharding", "abstract_state", "create_sharded",
+                                  "sharding_rules", "reshard", "shard_tokens"])
 def test_the_public_name_checks_then_runs_the_shown_function(name):
     """The chapter shows these functions without argument checks; the library's public
     names check first (d2l.validated), so bad input still gets a clear message."""

@@ -785,6 +785,76 @@ def overlap_timeline():
 
 FIGURES += [float_formats, mixed_precision_step, overlap_timeline]
 
+
+def collective_hang():
+    """Two ways an all-reduce waits forever: a device that never reaches it, and (XLA:CPU)
+    a thread pool with no thread left to run the last device's part."""
+    fig, ax = canvas(8.6, 3.6)
+    ax.text(0.15, 3.38, "a device skips the collective", size=9, weight="bold")
+    ax.text(4.5, 3.38, "XLA:CPU's 8 threads: none left for device 7", size=9, weight="bold")
+    for d in range(8):
+        y = 2.95 - d * 0.34
+        ax.text(0.15, y + 0.13, f"device {d}", size=7.5, va="center")
+        box(ax, 0.9, y, 0.8, 0.26, "compute", face=LIGHT[0], size=6.5,
+            style="square,pad=0.0", lw=0.5)
+        if d < 7:
+            box(ax, 1.75, y, 2.4, 0.26, "all-reduce: waits for device 7", face="#FFF2CC",
+                size=6.5, style="square,pad=0.0", lw=0.5)
+        else:
+            box(ax, 1.75, y, 0.9, 0.26, "other branch", face=LIGHT[3], size=6.5,
+                style="square,pad=0.0", lw=0.5)
+            ax.text(2.75, y + 0.13, "goes on", size=6.5, va="center", color=DEVICE[3])
+        label = (f"thread {d}: device {d}'s all-reduce, waiting" if d < 7 else
+                 "thread 7: launching a step, blocked (32 in flight)")
+        box(ax, 4.5, y, 3.0, 0.26, label, face="#FFF2CC" if d < 7 else LIGHT[3], size=6.5,
+            style="square,pad=0.0", lw=0.5)
+    box(ax, 7.6, 0.57, 0.9, 0.26, "device 7's part:\nno thread", face=GREY, size=6,
+        style="square,pad=0.0", lw=0.5)
+    ax.text(4.3, 0.12, "either way XLA sees 7 of 8 devices arrive: it warns that a thread "
+            "may be stuck, then aborts the process", ha="center", size=8, color="#444444")
+    save(fig, "collective_hang")
+
+
+FIGURES += [collective_hang]
+
+
+def the_launcher():
+    """The launcher, its watchdog and two workers, each in its own process group."""
+    fig, ax = canvas(8.6, 3.7)
+    box(ax, 0.15, 1.75, 3.0, 1.75, "", face="#F7F7F7", edge="#999999")
+    ax.text(0.3, 3.25, "python -m d2l_multi launch -n 2", size=9, weight="bold")
+    for i, line in enumerate(["picks a free port on 127.0.0.1",
+                              "and a secret for this launch",
+                              "prefixes the output: [p0] ..., [p1] ...",
+                              "stops every worker at the first failure,",
+                              "a signal (Ctrl-C) or --timeout"]):
+        ax.text(0.3, 2.9 - 0.25 * i, line, size=8)
+    box(ax, 0.15, 0.3, 3.0, 0.95, "watchdog: kills the workers' process\n"
+        "groups if the launcher dies (even SIGKILL)", face="#FFF2CC", size=8)
+    arrow(ax, (1.65, 1.75), (1.65, 1.25), color="#777777", lw=0.8)
+    ax.text(1.75, 1.45, "process groups", size=7.5, color="#555555")
+    for p in range(2):
+        y0 = 2.0 - p * 1.7
+        box(ax, 4.3, y0, 4.1, 1.45, "", face=LIGHT[p], edge=DEVICE[p])
+        ax.text(4.42, y0 + 1.22, f"process group of worker p{p}", size=8.5,
+                weight="bold", color=DEVICE[p])
+        ax.text(4.42, y0 + 0.9, f"D2L_MULTI_PROCESS_ID={p}, ..._NUM_PROCESSES=2,",
+                size=7.5)
+        ax.text(4.42, y0 + 0.68, "..._COORDINATOR_ADDRESS=127.0.0.1:PORT,", size=7.5)
+        ax.text(4.42, y0 + 0.46, "..._JOB_SECRET, ..._DEVICES_PER_PROCESS", size=7.5)
+        ax.text(4.42, y0 + 0.16, "coordinator service (process 0 only)" if p == 0 else
+                "joins; shows HMAC(secret, its id)", size=7.5, color="#555555")
+        arrow(ax, (3.15, 2.6), (4.3, y0 + 1.0), color=INK, lw=1.0)
+        arrow(ax, (4.3, y0 + 0.45), (3.15, 2.0), color="#777777", lw=0.8, ls="--")
+    ax.text(3.3, 2.95, "start with\nsettings", size=7.5)
+    ax.text(3.25, 1.55, "output\nlines", size=7.5, color="#555555")
+    arrow(ax, (6.9, 0.3 + 1.45), (6.9, 2.0), color=DEVICE[1], lw=1.0, style="<|-|>")
+    ax.text(7.0, 1.875, "coordinator: 127.0.0.1 only", size=7.5, va="center", color="#555555")
+    save(fig, "the_launcher")
+
+
+FIGURES += [the_launcher]
+
 if __name__ == "__main__":
     wanted = sys.argv[1:]
     for make in FIGURES:
