@@ -40,7 +40,7 @@ _MODULES = {  # module: the public names it holds, in the chapter's order
                     "check_cnn_from_linen", "check_linen_layers", "check_train_nnx",
                     "cnn_from_linen", "create_train_state",
                     "cross_entropy_loss", "evaluate_nnx", "jit_train_step", "nnx_train_step",
-                    "num_correct_nnx", "resnet18_budget", "train_nnx", "update_model"],
+                    "num_correct_nnx", "train_nnx", "update_model"],
     "keras_models": ["keras_assign_state", "keras_convnet", "keras_train_state",
                      "make_keras_train_step"],
     # collectives and the alpha-beta model; predicting the data-parallel step
