@@ -29,8 +29,9 @@ _MODULES = {  # module: the public names it holds, in the chapter's order
                "init_lenet_params", "lenet", "loss_fn", "num_correct"],
     "collectives": ["allreduce", "check_allreduce", "check_replicate", "replicate",
                     "ring_allreduce", "unreplicate"],
-    "parallel": ["check_divisible", "check_finite_loss", "check_labels", "pmap_sgd_step",
-                 "split_batch", "train", "train_batch"],
+    "parallel": ["check_divisible", "check_finite_loss", "check_labels", "check_split_batch",
+                 "check_train", "device_sgd_step", "pmap_sgd_step", "split_batch", "train",
+                 "train_batch"],
     # jit + shardings, shard_map, Flax, Keras 3
     "concise": ["COLLECTIVES", "check_hlo_text", "check_shard_map_step", "check_spec",
                 "check_step_optimizer", "check_train_step", "count_collectives",
