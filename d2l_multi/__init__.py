@@ -29,8 +29,9 @@ _MODULES = {  # module: the public names it holds, in the chapter's order
                "init_lenet_params", "lenet", "loss_fn", "num_correct"],
     "collectives": ["allreduce", "check_allreduce", "check_replicate", "replicate",
                     "ring_allreduce", "unreplicate"],
-    "parallel": ["check_divisible", "check_finite_loss", "check_labels", "pmap_sgd_step",
-                 "split_batch", "train", "train_batch"],
+    "parallel": ["check_divisible", "check_finite_loss", "check_labels", "check_split_batch",
+                 "check_train", "device_sgd_step", "pmap_sgd_step", "split_batch", "train",
+                 "train_batch"],
     # jit + shardings, shard_map, Flax, Keras 3
     "concise": ["COLLECTIVES", "check_hlo_text", "check_shard_map_step", "check_spec",
                 "check_step_optimizer", "check_train_step", "count_collectives",
@@ -40,7 +41,7 @@ _MODULES = {  # module: the public names it holds, in the chapter's order
                     "check_cnn_from_linen", "check_linen_layers", "check_train_nnx",
                     "cnn_from_linen", "create_train_state",
                     "cross_entropy_loss", "evaluate_nnx", "jit_train_step", "nnx_train_step",
-                    "num_correct_nnx", "resnet18_budget", "train_nnx", "update_model"],
+                    "num_correct_nnx", "train_nnx", "update_model"],
     "keras_models": ["keras_assign_state", "keras_convnet", "keras_train_state",
                      "make_keras_train_step"],
     # collectives and the alpha-beta model; predicting the data-parallel step

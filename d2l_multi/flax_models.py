@@ -1,6 +1,6 @@
 """Flax models trained data parallel, the modern way and the classic way.
 
-Modern (Flax NNX; notebooks 05a and 05b): a module is a Python object that holds its
+Modern (Flax NNX; notebooks 05a and 05c): a module is a Python object that holds its
 parameters. ``nnx_train_step`` is one ``nnx.jit``-compiled step; given a batch sharded over the
 devices and a replicated model it is the data-parallel step (automatic parallelism).
 ``train_nnx`` trains a model on 1 or N devices; ``ResNet18`` is d2l's ResNet-18 for 28x28 images.
@@ -189,19 +189,23 @@ train_nnx = validated(train_nnx, check_train_nnx)
 cnn_from_linen = validated(cnn_from_linen, check_cnn_from_linen)
 
 
-# ----- d2l's ResNet-18 in NNX (notebook 05b) -----
+# ----- d2l's ResNet-18 in NNX (notebook 05c) -----
 
 class Residual(nnx.Module):
-    """d2l's residual block: two 3x3 convolutions with BatchNorm; a 1x1 one adapts the shortcut."""
+    """d2l's residual block: two 3x3 convolutions with BatchNorm; a 1x1
+    convolution adapts the shortcut when the size or the channels change."""
 
-    def __init__(self, in_channels, channels, strides=1, use_1x1conv=False, *, rngs):
+    def __init__(self, in_channels, channels, strides=1, use_1x1conv=False,
+                 *, rngs):
         conv = functools.partial(nnx.Conv, rngs=rngs)
-        norm = functools.partial(nnx.BatchNorm, channels, momentum=0.9, rngs=rngs)
+        norm = functools.partial(nnx.BatchNorm, channels, momentum=0.9,
+                                 rngs=rngs)
         self.conv1 = conv(in_channels, channels, (3, 3), strides, padding=1)
         self.bn1 = norm()
         self.conv2 = conv(channels, channels, (3, 3), padding=1)
         self.bn2 = norm()
-        self.conv3 = conv(in_channels, channels, (1, 1), strides) if use_1x1conv else None
+        self.conv3 = (conv(in_channels, channels, (1, 1), strides)
+                      if use_1x1conv else None)
 
     def __call__(self, x):
         y = nnx.relu(self.bn1(self.conv1(x)))
@@ -220,18 +224,19 @@ def check_arch(arch):
 
 
 class ResNet(nnx.Module):
-    """d2l's ResNet for 28x28 images: a 3x3 stem, one stage per ``(num_residuals, channels)``."""
+    """d2l's ResNet for 28x28 images: a 3x3 stem, then one stage of residual
+    blocks per ``(num_residuals, channels)`` in ``arch``."""
 
     def __init__(self, arch, num_classes=10, *, rngs):
-        d2l.check_arch(arch)
         channels = arch[0][1]
         self.stem = nnx.Conv(1, channels, (3, 3), padding=1, rngs=rngs)
         self.bn = nnx.BatchNorm(channels, momentum=0.9, rngs=rngs)
         blocks = []
         for stage, (num_residuals, out) in enumerate(arch):
             for block in range(num_residuals):
-                first = stage > 0 and block == 0  # halve the size, change the channels
-                blocks.append(Residual(channels, out, 2 if first else 1, first, rngs=rngs))
+                first = stage > 0 and block == 0  # halve height and width
+                blocks.append(Residual(channels, out, 2 if first else 1,
+                                       use_1x1conv=first, rngs=rngs))
                 channels = out
         self.blocks = nnx.List(blocks)
         self.dense = nnx.Linear(channels, num_classes, rngs=rngs)
@@ -244,18 +249,13 @@ class ResNet(nnx.Module):
 
 
 def ResNet18(num_classes=10, width=64, *, rngs):
-    """ResNet-18: four stages of two residual blocks, ``width`` to 8 x ``width`` channels."""
-    return ResNet(tuple((2, width * 2 ** i) for i in range(4)), num_classes, rngs=rngs)
+    """ResNet-18: four stages of two residual blocks, ``width`` to 8 x
+    ``width`` channels."""
+    arch = tuple((2, width * 2 ** i) for i in range(4))
+    return ResNet(arch, num_classes, rngs=rngs)
 
 
-def resnet18_budget():
-    """``(width, num_train, num_val)`` for training ResNet-18 on this machine: d2l's full width
-    64 on all of Fashion-MNIST (None: all) on accelerators; width 16 on 10,000 training and
-    2,000 test images on CPUs, where a convolution costs about (64/16)^2 = 16 times less."""
-    from .smoke_switch import shrink
-    if d2l.devices()[0].platform != "cpu":
-        return 64, None, None
-    return shrink(16, 4), shrink(10000, 512), shrink(2000, 256)
+ResNet = validated(ResNet, lambda arch, *args, **kwargs: check_arch(arch))
 
 
 # ----- Classic: ResNet-18 in Linen (for notebooks that use Linen's init/apply) -----

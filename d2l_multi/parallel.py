@@ -8,6 +8,7 @@ import numpy as np
 from jax import lax
 
 import d2l_multi as d2l
+from .utils import validated
 
 
 def check_divisible(size, parts, what="batch size", over="devices"):
@@ -38,24 +39,25 @@ def check_labels(X, y, num_classes=None):
 
 
 def split_batch(X, y, num_devices):
-    """Split ``X`` and ``y`` into ``num_devices`` equal shards along a new leading axis."""
-    d2l.check_labels(X, y)
-    check_divisible(len(X), num_devices)
+    """Split X and y into num_devices equal shards along a new axis 0."""
     return (X.reshape(num_devices, -1, *X.shape[1:]),
             y.reshape(num_devices, -1, *y.shape[1:]))
 
 
-@functools.partial(jax.pmap, axis_name="devices", in_axes=(0, 0, 0, None))
-def pmap_sgd_step(params, X, y, lr):
-    """One SGD step on every device: local gradients, averaged with ``pmean``, same update."""
+def device_sgd_step(params, X, y, lr):
+    """One device's SGD step: its local gradient, averaged over the devices."""
     loss, grads = jax.value_and_grad(d2l.loss_fn)(params, X, y)
-    grads = lax.pmean(grads, axis_name="devices")   # the allreduce of data parallelism
+    grads = lax.pmean(grads, axis_name="devices")  # the allreduce
     loss = lax.pmean(loss, axis_name="devices")
     return [p - lr * g for p, g in zip(params, grads)], loss
 
 
+pmap_sgd_step = jax.pmap(device_sgd_step, axis_name="devices",
+                         in_axes=(0, 0, 0, None))
+
+
 def train_batch(params, X, y, num_devices, lr):
-    """Split a global batch over the devices and take one data-parallel SGD step."""
+    """Split a global batch over the devices and take one data-parallel step."""
     X_shards, y_shards = split_batch(X, y, num_devices)
     return pmap_sgd_step(params, X_shards, y_shards, lr)
 
@@ -63,29 +65,61 @@ def train_batch(params, X, y, num_devices, lr):
 def check_finite_loss(loss, epoch, lr, batch_size):
     """Raise a FloatingPointError suggesting a smaller ``lr`` unless ``loss`` is finite."""
     if not math.isfinite(loss):
-        raise FloatingPointError(f"the loss became {loss} in epoch {epoch} with lr={lr}, "
-                                 f"too large for batch {batch_size}: try lr={lr / 10:g}")
+        raise FloatingPointError(f"the loss became {loss} in epoch {epoch} with lr={lr:g}, "
+                                 f"too large for batch {batch_size}: lower lr by factors of "
+                                 f"10 until the loss stays finite")
 
 
 def train(num_devices, batch_size, lr, num_epochs=10, data=None):
-    """Train LeNet on ``num_devices`` devices; return unreplicated params and history."""
+    """Train LeNet on ``num_devices`` devices; return params, history, plot."""
     devices = d2l.devices(num_devices)
-    check_divisible(batch_size, num_devices)
-    d2l.check_positive(lr=lr, num_epochs=num_epochs)
     data = data or d2l.FashionMNIST(batch_size)
     train_iter = data.get_dataloader(train=True, drop_last=True)
+    test_iter = data.get_dataloader(train=False)
     params = d2l.replicate(d2l.init_lenet_params(jax.random.key(0)), devices)
-    animator = d2l.Animator("epoch", "test acc", xlim=[1, num_epochs], ylim=[0, 1])
+    animator = d2l.Animator("epoch", "test acc", xlim=[1, num_epochs],
+                            ylim=[0, 1])
     timer, history = d2l.Timer(), []
     for epoch in range(num_epochs):
         timer.start()
         for X, y in train_iter:
             params, loss = train_batch(params, X, y, num_devices, lr)
-        loss = float(loss[0])  # waits for the last step, so the timer sees all the work
+        loss = float(loss[0])  # waits for the last step: the timer sees it all
         timer.stop()
-        d2l.check_finite_loss(loss, epoch + 1, lr, batch_size)
-        acc = d2l.evaluate_accuracy(d2l.unreplicate(params), data.get_dataloader(train=False))
+        acc = d2l.evaluate_accuracy(d2l.unreplicate(params), test_iter)
         animator.add(epoch + 1, acc)
-        history.append({"epoch": epoch + 1, "loss": loss, "test_acc": acc, "sec": timer.times[-1]})
-    print(f"test acc: {acc:.2f}, {timer.avg():.1f} sec/epoch on {d2l.describe(devices)}")
+        history.append({"epoch": epoch + 1, "loss": loss, "test_acc": acc,
+                        "sec": timer.times[-1]})
+    print(f"test acc: {acc:.3f}, {timer.avg():.1f} sec/epoch on "
+          f"{d2l.describe(devices)}")
     return d2l.unreplicate(params), history, animator
+
+
+# The checks around the functions above, which the chapter shows without them.
+
+def check_split_batch(X, y, num_devices):
+    """Refuse labels that do not match ``X`` and a batch that does not divide."""
+    check_labels(X, y)
+    check_divisible(len(X), num_devices)
+
+
+def check_train(num_devices, batch_size, lr, num_epochs=10, data=None):
+    """Refuse a batch that does not divide, a bad ``lr`` or number of epochs."""
+    check_divisible(batch_size, num_devices)
+    d2l.check_positive(lr=lr, num_epochs=num_epochs)
+
+
+def _stops_on_divergence(train):
+    """``train`` that raises a FloatingPointError naming the first epoch whose loss is not
+    finite (a learning rate too large for the batch)."""
+    @functools.wraps(train)
+    def checked(num_devices, batch_size, lr, num_epochs=10, data=None):
+        params, history, animator = train(num_devices, batch_size, lr, num_epochs, data)
+        for record in history:
+            check_finite_loss(record["loss"], record["epoch"], lr, batch_size)
+        return params, history, animator
+    return checked
+
+
+split_batch = validated(split_batch, check_split_batch)
+train = validated(_stops_on_divergence(train), check_train)

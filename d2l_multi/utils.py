@@ -54,12 +54,29 @@ class Accumulator:
 def validated(fn, check):
     """``fn`` behind its argument check: the returned function calls ``check(*args,
     **kwargs)``, then ``fn``. The chapter shows ``fn`` as it is (``inspect.unwrap`` returns it);
-    the library's public name is the checked one, so bad input still gets a clear error."""
+    the library's public name is the checked one, so bad input still gets a clear error. For a
+    class, the checked name is a subclass of the same name whose constructor checks first."""
+    if isinstance(fn, type):
+        return _validated_class(fn, check)
+
     @functools.wraps(fn)
     def checked(*args, **kwargs):
         check(*args, **kwargs)
         return fn(*args, **kwargs)
     return checked
+
+
+def _validated_class(cls, check):
+    class Checked(cls):
+        @functools.wraps(cls.__init__)
+        def __init__(self, *args, **kwargs):
+            check(*args, **kwargs)
+            super().__init__(*args, **kwargs)
+
+    for name in ("__module__", "__name__", "__qualname__", "__doc__"):
+        setattr(Checked, name, getattr(cls, name))
+    Checked.__wrapped__ = cls  # inspect.unwrap gives back the shown class
+    return Checked
 
 
 def check_positive(**values):

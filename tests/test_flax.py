@@ -1,4 +1,4 @@
-"""The Flax module (notebooks 05a and 05b): the NNX models and their training loop, the map
+"""The Flax module (notebooks 05a and 05c): the NNX models and their training loop, the map
 from the Linen CNN's parameters to the NNX CNN's, ResNet-18's shapes, and argument checks.
 The equivalence of the data-parallel steps is in test_equivalence.py."""
 import jax
@@ -73,16 +73,6 @@ def test_linen_resnet18_has_the_nnx_models_parameters():
 def test_resnet_refuses_a_bad_arch(arch, message):
     with pytest.raises(ValueError, match=message):
         d2l.ResNet(arch, rngs=nnx.Rngs(0))
-
-
-def test_resnet18_budget_on_cpu(monkeypatch):
-    monkeypatch.delenv("D2L_MULTI_SMOKE", raising=False)
-    if d2l.devices()[0].platform != "cpu":
-        assert d2l.resnet18_budget() == (64, None, None)
-        return
-    assert d2l.resnet18_budget() == (16, 10000, 2000)
-    monkeypatch.setenv("D2L_MULTI_SMOKE", "1")
-    assert d2l.resnet18_budget() == (4, 512, 256)
 
 
 def test_train_nnx_trains_data_parallel_and_evaluates_in_inference_mode():

@@ -45,9 +45,10 @@ def test_environment_yml_lists_the_same_dependencies_as_pyproject():
 
 
 def test_the_commands_that_readme_and_ci_name_exist():
-    """Every ``python -m d2l_multi ...`` command the README and .ci/run name answers --help,
-    every extra they install exists, and .ci/run is valid bash."""
-    text = (ROOT / "README.md").read_text() + (ROOT / ".ci/run").read_text()
+    """Every ``python -m d2l_multi ...`` command the README, docs/ and .ci/run name answers
+    --help, every extra they install exists, and .ci/run is valid bash."""
+    text = "".join(p.read_text() for p in [ROOT / "README.md", ROOT / ".ci/run",
+                                           *sorted((ROOT / "docs").glob("*.md"))])
     project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
     extras = set(re.findall(r'pip install (?:-q )?-e "\.\[(\w+)\]"', text))
     assert extras and extras <= set(project["optional-dependencies"]), extras
@@ -59,3 +60,19 @@ def test_the_commands_that_readme_and_ci_name_exist():
                                 capture_output=True, text=True, timeout=120)
         assert result.returncode == 0, (command, result.stderr[-2000:])
     assert subprocess.run(["bash", "-n", str(ROOT / ".ci/run")]).returncode == 0
+
+
+def test_relative_links_of_readme_and_docs_resolve():
+    """A link from README.md or docs/*.md to a file of the repository names one that exists
+    (renamed notebooks and moved pages leave no dead link behind)."""
+    dead = []
+    for page in [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md")),
+                 *sorted((ROOT / "book").glob("*.md"))]:
+        text = re.sub(r"`[^`\n]*`", "", page.read_text())  # examples in code are not links
+        for target in re.findall(r"\]\(([^)\s]+)\)", text):
+            path = target.split("#")[0]
+            if not path or re.match(r"[a-z]+:", path):
+                continue
+            if not (page.parent / path).exists():
+                dead.append(f"{page.relative_to(ROOT)} -> {target}")
+    assert not dead, dead

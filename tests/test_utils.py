@@ -1,4 +1,5 @@
 """d2l's helpers: Timer, Accumulator, Animator (headless PNG), image grids, the smoke switch."""
+import inspect
 import re
 import time
 
@@ -89,6 +90,28 @@ def test_check_positive_names_the_value(kwargs, message):
     with pytest.raises(ValueError, match=re.escape(message)):
         d2l.check_positive(**kwargs)
     d2l.check_positive(lr=0.1, num_epochs=3, batch_size=256)  # fine: no error
+
+
+def test_validated_class_checks_first_and_unwraps_to_the_shown_class():
+    class Point:
+        """A point."""
+
+        def __init__(self, x, y=0):
+            self.x, self.y = x, y
+
+    def check(x, y=0):
+        if x < 0:
+            raise ValueError(f"x must be >= 0, got {x}")
+
+    Checked = d2l.validated(Point, check)
+    assert inspect.unwrap(Checked) is Point
+    assert (Checked.__name__, Checked.__doc__) == ("Point", "A point.")
+    assert list(inspect.signature(Checked).parameters) == ["x", "y"]
+    point = Checked(1, y=2)
+    assert isinstance(point, Point) and isinstance(point, Checked)
+    assert (point.x, point.y) == (1, 2)
+    with pytest.raises(ValueError, match="x must be >= 0, got -1"):
+        Checked(-1)
 
 
 def test_max_difference_over_pytrees():

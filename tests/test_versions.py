@@ -1,6 +1,7 @@
 """constraints.txt pins the tested stack: every dependency of the package and of its extras,
 exactly, at a version pyproject.toml admits."""
 import pathlib
+import re
 import tomllib
 
 from packaging.requirements import Requirement
@@ -41,3 +42,17 @@ def test_the_libraries_whose_next_release_is_untried_have_an_upper_bound():
                                                                    project["dependencies"])}
     assert not bounds["jax"].contains("0.12.0") and bounds["jax"].contains("0.11.2")
     assert not bounds["orbax-checkpoint"].contains("1.0.0")
+
+
+def test_the_versions_the_readme_names_are_the_pinned_ones():
+    """README names the tested stack; a new pin that leaves the README behind fails here."""
+    text = (ROOT / "README.md").read_text()
+    start = text.index("`constraints.txt` pins")
+    named = dict(re.findall(r"(JAX|Flax|Optax|Orbax|Grain|Keras|NumPy) (\d+(?:\.\d+)+)",
+                            text[start:start + 300]))
+    package = {"JAX": "jax", "Flax": "flax", "Optax": "optax", "Orbax": "orbax-checkpoint",
+               "Grain": "grain", "Keras": "keras", "NumPy": "numpy"}
+    pinned = pins()
+    assert set(named) == set(package), f"README names {sorted(named)}"
+    for name, version in named.items():
+        assert pinned[package[name]] == version, (name, version, pinned[package[name]])

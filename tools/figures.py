@@ -298,7 +298,7 @@ def flax_two_paths():
 
 
 def resnet18():
-    """Notebook 05b: d2l's ResNet-18 for 28x28 images, with the output shape of each part for
+    """Notebook 05c: d2l's ResNet-18 for 28x28 images, with the output shape of each part for
     b images and width w, and how often each weight of the part is used per image."""
     fig, ax = canvas(9.0, 2.3)
     parts = [("input", "b×28×28×1", ""), ("conv 3×3\n+ BN + ReLU", "b×28×28×w", "784"),
@@ -319,6 +319,36 @@ def resnet18():
             "(stages 2-4 start with stride 2 and a 1×1 conv on the shortcut)", ha="center",
             size=7.5, color="#444444")
     save(fig, "resnet18")
+
+
+def batchnorm_statistics():
+    """Notebook 05b: BatchNorm on k = 4 devices with local statistics (each device its own
+    mean and variance) and with global ones (an allreduce of the means of x and x^2)."""
+    fig, ax = canvas(9.0, 3.5)
+    titles = ((0.15, "local statistics: pmap, no axis_name"),
+              (4.75, "global statistics: axis_name, or nnx.jit"))
+    for x0, title in titles:
+        ax.text(x0 + 2.05, 3.25, title, ha="center", size=10, weight="bold")
+    for d in range(4):
+        for x0 in (0.15, 4.75):
+            x = x0 + d * 1.05
+            box(ax, x, 2.4, 0.9, 0.45, f"B/4 rows\ndevice {d}", face=DEVICE[d],
+                color="white", size=8)
+            arrow(ax, (x + 0.45, 2.4), (x + 0.45, 2.05))
+        x = 0.15 + d * 1.05
+        box(ax, x, 1.45, 0.9, 0.6, f"$\\mu_{d}$, $\\sigma_{d}^2$", face=LIGHT[d], size=9)
+        arrow(ax, (x + 0.45, 1.45), (x + 0.45, 0.75))
+        box(ax, x, 0.2, 0.9, 0.55, f"normalise with\n$\\mu_{d}$, $\\sigma_{d}^2$", face=LIGHT[d],
+            size=8)
+        x = 4.75 + d * 1.05
+        box(ax, x, 1.55, 0.9, 0.5, "mean of $x$,\nof $x^2$", face=LIGHT[d], size=8)
+        arrow(ax, (x + 0.45, 1.55), (x + 0.45, 1.3))
+        arrow(ax, (x + 0.45, 0.85), (x + 0.45, 0.75))
+        box(ax, x, 0.2, 0.9, 0.55, "normalise with\n$\\mu$, $\\sigma^2$", face=GREY, size=8)
+    box(ax, 4.75, 0.85, 4.05, 0.45, "allreduce (pmean): the same $\\mu$, $\\sigma^2$ on "
+        "every device", face="#FFF2CC", size=8)
+    ax.plot([4.5, 4.5], [0.1, 3.4], color="#BBBBBB", lw=0.8)
+    save(fig, "batchnorm_statistics")
 
 
 def ensemble_step():
@@ -682,7 +712,7 @@ def step_timeline():
     save(fig, "step_timeline")
 
 
-FIGURES += [step_timeline]
+FIGURES += [step_timeline, batchnorm_statistics]
 
 
 def float_formats():
