@@ -1,6 +1,7 @@
 """The self-checking exercises (d2l_multi/exercises.py): every reference solution passes its
 check, public and hidden cases; every plausible wrong answer fails with the hint meant for it;
 a starter fails with one line, never a traceback; and every main-line notebook has a check."""
+import json
 import pathlib
 import re
 import subprocess
@@ -85,3 +86,16 @@ def test_the_teachers_guide_lists_every_check_with_its_notebook():
     guide = (ROOT / "docs" / "classroom.md").read_text()
     for name, notebook in exercises.CHECKS.items():
         assert re.search(rf"^\| `?{notebook}`? .*`{name}`", guide, re.M), (name, notebook)
+
+
+@pytest.mark.parametrize("name", sorted(exercises.CHECKS))
+def test_every_check_is_called_in_its_notebooks_solutions(name):
+    """A check no notebook calls is a check no student meets: its notebook's Solutions call it
+    in a cell of its own, as the classroom tools expect."""
+    notebook = ROOT / "chapters" / f"{exercises.CHECKS[name]}.ipynb"
+    cells = json.loads(notebook.read_text())["cells"]
+    start = next(i for i, c in enumerate(cells)
+                 if c["cell_type"] == "markdown" and "## Solutions" in "".join(c["source"]))
+    calls = [c for c in cells[start:] if c["cell_type"] == "code"
+             and f"d2l.{name}(" in "".join(c["source"])]
+    assert calls, f"{notebook.name} never calls d2l.{name} under ## Solutions"
