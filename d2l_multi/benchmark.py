@@ -1,11 +1,19 @@
-"""``python -m d2l_multi benchmark [lenet | collectives | predict | models] [options]``: measurements
-behind docs/benchmarks.md. Each prints the machine (CPU, cores, load, OS, versions, devices).
+"""``python -m d2l_multi benchmark [lenet | profile | collectives | predict | models] [options]``:
+measurements behind docs/benchmarks.md. Each prints the machine (CPU, cores, load, OS, versions,
+devices).
 
 lenet (the default)  One Fashion-MNIST epoch of LeNet (batch 256, 234 steps; ``--steps`` times
                      fewer and scales up) for the straightforward formulation of d2l's text
-                     (pmap, NCHW, batches copied from the host every step) and the chapter's
-                     paths (NHWC, ``d2l.conv2d``; pmap, or jit + shardings with the epoch on the
-                     devices), on 1 and N devices, and PyTorch on one CPU when it is installed.
+                     (pmap, NCHW, batches copied from the host every step; with XLA:CPU's
+                     default libraries and with the chapter's flags) and the chapter's paths
+                     (NHWC, ``d2l.conv2d``; pmap, or jit + shardings with the epoch on the
+                     devices), on 1 and N devices, and PyTorch eager on one CPU (one thread per
+                     core, NCHW and channels-last) when it is installed. ``--rounds`` rounds
+                     time every row in turn: minimum and median.
+profile              LeNet's step part by part (convolutions forward, input and kernel
+                     gradients, dense layers, elementwise work, the update, the allreduce) from
+                     JAX's profiler, beside torch.profiler's parts of PyTorch's step; the
+                     host-to-device copy of a batch; the step on N devices.
 collectives          psum, all_gather, psum_scatter and ppermute on 2, 4 and 8 devices from
                      2 KB up: median time, spread, algorithm and bus bandwidth (nccl-tests'
                      definitions), and the alpha-beta fit of each (notebook 07).
