@@ -284,20 +284,22 @@ def lenet_main(argv):
                  for layout, cl in (("NCHW", False), ("channels-last", True))]
     except ImportError:
         pass
-    samples = {id(row): [] for *_, row in rows}
+    samples, cpu = {id(row): [] for *_, row in rows}, {id(row): [] for *_, row in rows}
     for r in range(rounds):  # every row once per round: each sees the machine alike
         for name, dev, row in rows:
+            start = time.process_time()  # CPU seconds of every thread of this process
             samples[id(row)].append(row.time(steps))
+            cpu[id(row)].append((time.process_time() - start) / steps)
         print(f"round {r + 1}/{rounds} done, load average "
               f"{' '.join(f'{x:.2f}' for x in os.getloadavg())}", flush=True)
-    print("\n| formulation | devices | ms/step (min) | s/epoch (min) | s/epoch (median) |\n"
-          "|---|---|---|---|---|")
+    print("\n| formulation | devices | ms/step (min) | CPU ms/step (min) | s/epoch (min) | "
+          "s/epoch (median) |\n|---|---|---|---|---|---|")
     results = {}
     for name, dev, row in rows:
         low, mid = min(samples[id(row)]), statistics.median(samples[id(row)])
         results[name, dev] = (low * epoch_steps, mid * epoch_steps)
-        print(f"| {name} | {dev} | {1000 * low:.1f} | {low * epoch_steps:.1f} | "
-              f"{mid * epoch_steps:.1f} |")
+        print(f"| {name} | {dev} | {1000 * low:.1f} | {1000 * min(cpu[id(row)]):.1f} | "
+              f"{low * epoch_steps:.1f} | {mid * epoch_steps:.1f} |")
     print()
     for line in lenet_ratios(results, args.devices):
         print(line)
@@ -327,9 +329,11 @@ def lenet_ratios(results, n):
     return lines
 
 
-def _torch_version():
+def _torch_version(threads=None):
     try:
         import torch
+        if threads:
+            return f"torch {torch.__version__} ({threads} thread)"
         return f"torch {torch.__version__} ({torch_threads()} threads, one per core)"
     except ImportError:
         return "torch not installed (PyTorch baseline skipped)"
@@ -337,15 +341,15 @@ def _torch_version():
 
 # --- profile: LeNet's step op by op, JAX beside PyTorch -------------------------------------
 
-JAX_PARTS = ("convolutions, forward", "convolutions, input gradient",
-             "convolutions, kernel gradient", "dense layers (dot), forward and backward",
-             "elementwise, pooling, loss, reductions, layout copies", "SGD update",
-             "allreduce (pmean)")
-TORCH_PARTS = {"convolutions, forward": ("aten::mkldnn_convolution",),
-               "convolutions, backward (input and kernel gradient)":
-                   ("aten::convolution_backward",),
-               "dense layers (mm, addmm), forward and backward": ("aten::mm", "aten::addmm"),
-               "SGD update": ("aten::add_", "aten::_foreach_add_")}
+PARTS = ("convolutions, forward", "convolutions, input gradient",
+         "convolutions, kernel gradient", "convolutions, input and kernel gradients",
+         "dense layers, forward and backward",
+         "elementwise, pooling, loss, reductions, copies", "SGD update", "allreduce (pmean)")
+TORCH_OPS = {"aten::mkldnn_convolution": "convolutions, forward",
+             "aten::convolution_backward": "convolutions, input and kernel gradients",
+             "aten::mm": "dense layers, forward and backward",
+             "aten::addmm": "dense layers, forward and backward",
+             "aten::add_": "SGD update", "aten::_foreach_add_": "SGD update"}
 
 
 def hlo_instructions(hlo_text):
@@ -392,64 +396,63 @@ def jax_part(opcode, dims, op_name, params_dims):
         return ("convolutions, input gradient" if "transpose(" in op_name
                 else "convolutions, forward")
     if opcode == "dot":
-        return "dense layers (dot), forward and backward"
+        return "dense layers, forward and backward"
     if op_name.endswith("/sub") and "jvp" not in op_name:
         return "SGD update"
-    return "elementwise, pooling, loss, reductions, layout copies"
+    return "elementwise, pooling, loss, reductions, copies"
 
 
 def profile_jax(compiled, args, steps, log_dir):
     """Milliseconds per step of each part of ``compiled`` (a jitted training step), from a trace
-    of ``steps`` calls with JAX's profiler: ``({part: ms}, wall ms per step)``."""
+    of ``steps`` calls with JAX's profiler: ``{part: ms}``. With an intra-op pool of one thread
+    every operation runs to its end inside its own trace event."""
     import glob
     import gzip
     import json
     import jax
     table = hlo_instructions(compiled.as_text())
-    params_dims = {tuple(sorted(p.shape[-4:])) for p in jax.tree.leaves(args[0])}
+    kernels = {tuple(sorted(p.shape)) for p in jax.tree.leaves(args[0]) if p.ndim == 4}
     state = args[0]
     jax.block_until_ready(compiled(state, *args[1:]))
     with jax.profiler.trace(log_dir, create_perfetto_trace=True):
-        t = time.perf_counter()
         for _ in range(steps):
             state, loss = compiled(state, *args[1:])
         jax.block_until_ready((state, loss))
-        wall = (time.perf_counter() - t) / steps
     trace = sorted(glob.glob(f"{log_dir}/**/perfetto_trace.json.gz", recursive=True))[-1]
     with gzip.open(trace) as f:
         events = json.load(f)
     events = events["traceEvents"] if isinstance(events, dict) else events
-    parts = dict.fromkeys(JAX_PARTS, 0.0)
+    parts = {}
     for e in events:
         if e.get("ph") == "X" and e.get("name") in table:
-            parts[jax_part(*table[e["name"]], params_dims)] += e.get("dur", 0) / 1000 / steps
-    return parts, 1000 * wall
+            part = jax_part(*table[e["name"]], kernels)
+            parts[part] = parts.get(part, 0.0) + e.get("dur", 0) / 1000 / steps
+    return parts
 
 
 def profile_torch(row, steps):
-    """Milliseconds per step of each part of PyTorch's step (operators' own CPU time, from
-    torch.profiler over ``steps`` steps): ``({part: ms}, wall ms per step)``."""
+    """Milliseconds per step of each part of PyTorch's step (its operators' own CPU time, from
+    torch.profiler over ``steps`` steps): ``{part: ms}``."""
     from torch.profiler import ProfilerActivity, profile
     with profile(activities=[ProfilerActivity.CPU]) as prof:
-        wall = row.time(steps)
-    parts = {part: 0.0 for part in TORCH_PARTS}
-    parts["elementwise, pooling, loss, reductions, copies"] = 0.0
+        row.time(steps)
+    parts = {}
     for event in prof.key_averages():
-        if not event.key.startswith("aten::"):
-            continue
-        part = next((p for p, ops in TORCH_PARTS.items() if event.key in ops),
-                    "elementwise, pooling, loss, reductions, copies")
-        parts[part] += event.self_cpu_time_total / 1000 / steps
-    return parts, 1000 * wall
+        if event.key.startswith("aten::"):
+            part = TORCH_OPS.get(event.key, "elementwise, pooling, loss, reductions, copies")
+            parts[part] = parts.get(part, 0.0) + event.self_cpu_time_total / 1000 / steps
+    return parts
 
 
 def profile_main(argv):
     p = _Parser(prog="python -m d2l_multi benchmark profile",
-                description="LeNet's training step part by part: JAX's profiler and PyTorch's.")
+                description="LeNet's training step part by part on one core: JAX's profiler "
+                            "beside PyTorch's.")
     p.add_argument("--batch-size", type=int, default=256, help="batch (default 256)")
     p.add_argument("--steps", type=int, default=20, help="profiled steps (default 20)")
     p.add_argument("--devices", type=int, default=8,
-                   help="devices of the data-parallel step (simulated on CPU; default 8)")
+                   help="N: also time one device's share of the batch on N devices "
+                        "(default 8)")
     args = p.parse_args(argv)
     for name, value, example in (("--batch-size", args.batch_size, 256),
                                  ("--steps", args.steps, 20), ("--devices", args.devices, 8)):
@@ -457,65 +460,66 @@ def profile_main(argv):
     import tempfile
     import d2l_multi as d2l
     d2l.check_divisible(args.batch_size, args.devices)
-    d2l.simulate_devices(args.devices)
-    d2l.devices(args.devices)
-    print(_machine())
-    print(_torch_version())
+    os.environ["PJRT_NPROC"] = "1"          # XLA:CPU's intra-op pool: one thread
+    d2l.set_cpu_compiler_flags()            # the chapter's flags, as d2l.simulate_devices sets
     import jax
-    import numpy as np
+    jax.config.update("jax_num_cpu_devices", 1)
+    print(_machine())
+    print(_torch_version(threads=1))
+    print(f"XLA_FLAGS: {os.environ.get('XLA_FLAGS', '')}; PJRT_NPROC=1 (one thread)")
     B, steps = args.batch_size, d2l.shrink(args.steps, 2)
     X, y = d2l.FashionMNIST(B).train
-    Xb, yb = X[:B], y[:B]
 
     def step(params, X, y):
         loss, grads = jax.value_and_grad(d2l.loss_fn)(params, X, y)
         return [p - 0.1 * g for p, g in zip(params, grads)], loss
     params = d2l.init_lenet_params(jax.random.key(0))
-    on_device = jax.device_put((Xb, yb))
-    columns = {}
+    batch = jax.device_put((X[:B], y[:B]))
+    columns, walls = {}, {}
     with tempfile.TemporaryDirectory() as log_dir:
-        for label, options in (("chapter (d2l.simulate_devices' flags)", {}),
-                               ("XLA:CPU defaults", xla_cpu_defaults())):
-            if label != "XLA:CPU defaults" or options:
-                compiled = jax.jit(step).lower(params, *on_device).compile(options)
-                columns[f"JAX, {label}"] = profile_jax(compiled, (params, *on_device), steps,
-                                                       f"{log_dir}/{len(columns)}")
-        copies = {"host": [], "device": []}
-        for _ in range(steps):  # alternately: both see the machine alike
-            for where, batch in (("host", (Xb, yb)), ("device", on_device)):
-                copies[where].append(d2l.time_call(compiled, params, *batch, repeat=3))
-        host, device = min(copies["host"]), min(copies["device"])
-        n = args.devices
-        replicated = d2l.replicate(params, d2l.devices(n))
-        pmap_step = d2l.pmap_sgd_step.lower(replicated, *d2l.split_batch(Xb, yb, n), 0.1)
-        pmapped = pmap_step.compile()
-        trace = profile_jax(pmapped, (replicated, *d2l.split_batch(Xb, yb, n), 0.1), steps,
-                            f"{log_dir}/pmap")
+        for label, options in (("JAX, chapter", {}), ("JAX, XLA:CPU defaults",
+                                                     xla_cpu_defaults())):
+            if label == "JAX, chapter" or options:
+                compiled = jax.jit(step).lower(params, *batch).compile(options)
+                columns[label] = profile_jax(compiled, (params, *batch), steps,
+                                             f"{log_dir}/{len(columns)}")
+                walls[label] = d2l.time_call(compiled, params, *batch, repeat=steps)
+    chapter = jax.jit(step)
+    share = B // args.devices
+    timed = {"host": [], "device": [], "share": []}
+    for _ in range(steps):  # in turn: each sees the machine alike
+        timed["host"].append(d2l.time_call(chapter, params, X[:B], y[:B], repeat=3))
+        timed["device"].append(d2l.time_call(chapter, params, *batch, repeat=3))
+        timed["share"].append(d2l.time_call(chapter, params, *jax.device_put(
+            (X[:share], y[:share])), repeat=3) * args.devices)
+    host, device, shares = (min(timed[k]) for k in ("host", "device", "share"))
     try:
         import torch
-        torch.set_num_threads(torch_threads())
+        torch.set_num_threads(1)
         for layout, cl in (("NCHW", False), ("channels-last", True)):
-            columns[f"PyTorch eager, {layout}"] = profile_torch(_TorchRow(X, y, B, cl), steps)
+            row = _TorchRow(X, y, B, cl)
+            columns[f"PyTorch eager, {layout}"] = profile_torch(row, steps)
+            walls[f"PyTorch eager, {layout}"] = min(row.time(3) for _ in range(steps))
     except ImportError:
         pass
-    print(f"\nbatch {B}, one device, {steps} steps; ms per step of each part (the ops' wall "
-          f"time as the profilers record it)" + (" [SMOKE RUN]" if d2l.smoke() else ""))
-    for name, (parts, wall) in columns.items():
-        print(f"\n{name}: {wall:.1f} ms per step\n| part | ms/step | share |\n|---|---|---|")
-        total = sum(parts.values())
-        for part, ms in parts.items():
-            if ms or not part.startswith("allreduce"):
-                print(f"| {part} | {ms:.1f} | {100 * ms / total:.0f} % |")
-        print(f"| (outside the ops: dispatch, Python, waiting) | {max(wall - total, 0):.1f} | |")
-    print(f"\nhost-to-device copy of a batch of {B}: {1000 * (host - device):.2f} ms per step "
-          f"({1000 * host:.1f} ms with NumPy inputs, {1000 * device:.1f} ms with the batch on "
-          f"the device)")
-    parts, wall = trace
-    print(f"\n{n} devices, d2l.pmap_sgd_step, batch {B} split {B // n} per device: {wall:.1f} ms "
-          f"per step; the ops of all {n} devices together, ms per step:")
-    print("| part | ms/step (sum over devices) |\n|---|---|")
-    for part, ms in parts.items():
-        print(f"| {part} | {ms:.1f} |")
+    names = list(columns)
+    print(f"\none core, batch {B}, {steps} steps: milliseconds per step of each part (each "
+          f"operation's time as the profiler records it)" +
+          (" [SMOKE RUN]" if d2l.smoke() else ""))
+    print("| part | " + " | ".join(names) + " |\n|---|" + "---|" * len(names))
+    parts = [p for p in PARTS if any(p in c for c in columns.values())]
+    parts += sorted({p for c in columns.values() for p in c} - set(parts))
+    for part in parts:
+        print(f"| {part} | " + " | ".join(f"{columns[n].get(part, 0.0):.1f}" if part in
+                                          columns[n] else "-" for n in names) + " |")
+    print("| all operations | " + " | ".join(f"{sum(columns[n].values()):.1f}" for n in names)
+          + " |")
+    print("| the step, timed without the profiler | " +
+          " | ".join(f"{1000 * walls[n]:.1f}" for n in names) + " |")
+    print(f"\nthe chapter's step on one core: {1000 * device:.1f} ms with the batch on the "
+          f"device, {1000 * host:.1f} ms with NumPy inputs (the host-to-device copy: "
+          f"{1000 * (host - device):.2f} ms); {args.devices} steps of {share} images, one "
+          f"device's share on {args.devices} devices: {1000 * shares:.1f} ms")
     return 0
 
 
