@@ -16,9 +16,9 @@ profile              LeNet's step part by part (convolutions forward, input and 
                      host-to-device copy of a batch; the step on N devices.
 collectives          psum, all_gather, psum_scatter and ppermute on 2, 4 and 8 devices from
                      2 KB up: median time, spread, algorithm and bus bandwidth (nccl-tests'
-                     definitions), and the alpha-beta fit of each (notebook 07).
+                     definitions), and the alpha-beta fit of each (notebook 07a).
 predict              LeNet's data-parallel step (jit + shardings, global batch fixed) measured
-                     on 1, 2, 4, 8 devices next to the cost model's prediction (notebook 07).
+                     on 1, 2, 4, 8 devices next to the cost model's prediction (notebook 07b).
 models               One SGD step of LeNet and of ResNet-18 on one device of each kind the
                      machine has (its CPU as one device, and its first GPU or TPU): ms/step,
                      images/s, sec/epoch, the step's FLOPs (XLA's count) and the FLOP rate.
@@ -568,7 +568,7 @@ def collectives_main(argv):
             t = np.array([r["seconds"] for r in rows if (r["collective"], r["devices"]) == (collective, k)])
             alpha, beta = d2l.fit_alpha_beta(n, t)
             error = np.max(np.abs((alpha + beta * n) / t - 1))
-            hop, link = ring(alpha, beta, k)
+            hop, link = d2l.ring_per_hop(alpha, beta, k)
             ring_text = f"| {1e6 * hop:.1f} | {_bandwidth(link)} |" if collective == "psum" else \
                 "| - | - |"
             print(f"| {collective} | {k} | {1e6 * alpha:.1f} | {_bandwidth(beta)} | "
@@ -578,13 +578,6 @@ def collectives_main(argv):
 
 def _bandwidth(beta):
     return "inf" if beta == 0 else f"{1 / beta / 1e9:.3f}"
-
-
-def ring(alpha, beta, num_devices):
-    """The per-hop latency and per-byte link time of a ring allreduce whose time on
-    ``num_devices`` devices is ``alpha + beta n``: alpha = 2(k-1) hop, beta = 2(k-1)/k link."""
-    k = num_devices
-    return alpha / (2 * (k - 1)), beta * k / (2 * (k - 1))
 
 
 # --- predict: the cost model against LeNet's measured step ----------------------------------
@@ -624,7 +617,7 @@ def predict_main(argv):
     grad_bytes = sum(p.size * p.dtype.itemsize for p in params)
     images = lambda b: (jnp.zeros((b, 28, 28, 1)), jnp.zeros(b, jnp.int32))
     sizes = [4 ** i for i in range(7, 12)]  # 16 KB to 4 MB, around the gradient
-    rings = {k: ring(*d2l.fit_alpha_beta(sizes, [np.median(d2l.time_collective("psum", k, n))
+    rings = {k: d2l.ring_per_hop(*d2l.fit_alpha_beta(sizes, [np.median(d2l.time_collective("psum", k, n))
                                                  for n in sizes]), k)
              for k in counts if k > 1}
     samples = {k: [] for k in counts}
@@ -702,7 +695,8 @@ def models_main(argv):
     import jax.numpy as jnp
     import d2l_multi as d2l
     print(_machine())
-    kinds = [jax.devices("cpu")[0]] + [d for d in jax.devices() if d.platform != "cpu"][:1]
+    from .hardware import _accelerators
+    kinds = [jax.devices("cpu")[0]] + _accelerators()[:1]
     B = args.batch_size
     print(f"batch {B}; median of {d2l.shrink(args.repeat, 2)} steps after a warm-up; "
           f"sec/epoch = ms/step x {EPOCH_IMAGES // B} steps; FLOPs as XLA:CPU counts them")

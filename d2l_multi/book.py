@@ -7,9 +7,11 @@ pass ``--rerun`` after them). The notebooks' kernels share JAX's persistent comp
 (``_build/jax_cache``; ``--rerun`` empties it too), so a program several notebooks compile alike
 is compiled once. ``--smoke`` executes with ``D2L_MULTI_SMOKE=1`` and its own
 cache; ``--no-execute`` shows the code without outputs. Warnings fail the build, and the book
-at ``--out`` is replaced only by a build that succeeded.
+at ``--out`` is replaced only by a build that succeeded, and only if it holds nothing but the
+files an earlier build wrote (each build lists them in ``.d2l-book-files``).
 """
 import argparse
+import importlib.util
 import os
 import pathlib
 import shutil
@@ -19,6 +21,38 @@ import time
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 MODES = ("full", "smoke", "off")
+NEEDS = ("sphinx", "myst_nb", "jupyter_cache", "sphinx_book_theme",
+         "sphinxcontrib.bibtex")  # modules of the book extra
+LISTING = ".d2l-book-files"  # the files a build wrote into a folder, one path a line
+
+
+def _files(folder):
+    return {p.relative_to(folder).as_posix() for p in folder.rglob("*") if not p.is_dir()}
+
+
+def list_files(folder):
+    """Record the files in ``folder`` as written by a build (``check_replaceable``)."""
+    (folder / LISTING).write_text("".join(f"{name}\n" for name in sorted(_files(folder))))
+
+
+def check_replaceable(folder):
+    """Raise FileExistsError unless ``folder`` is absent, empty, or holds nothing but the
+    files a build wrote into it: a build never deletes what it did not write."""
+    if not folder.exists():
+        return
+    if not folder.is_dir():
+        raise FileExistsError(f"{folder} is a file; pass --out a new or empty folder")
+    if os.path.ismount(folder):
+        raise FileExistsError(f"{folder} is a mount point, which the build cannot replace; "
+                              f"pass --out a folder inside it")
+    listing = folder / LISTING
+    written = set(listing.read_text().splitlines()) if listing.is_file() else set()
+    others = sorted(_files(folder) - written - {LISTING})
+    if others:
+        more = f" and {len(others) - 3} more" if len(others) > 3 else ""
+        raise FileExistsError(f"{folder} holds files that no build of the book wrote "
+                              f"({', '.join(others[:3])}{more}); the build replaces the "
+                              f"folder, so pass --out a new or empty folder, or move them")
 
 
 def book_paths(root=ROOT):
@@ -111,19 +145,19 @@ def build_book(out=None, mode="full", root=ROOT, rerun=False, quiet=False):
     """
     if mode not in MODES:
         raise ValueError(f"mode is {mode!r}; use one of {', '.join(MODES)}")
-    try:
-        from sphinx.application import Sphinx
-        from sphinx.errors import SphinxError
-        from sphinx.util.docutils import docutils_namespace, patch_docutils
-    except ImportError as err:
-        raise RuntimeError(f"the book needs Sphinx and MyST-NB ({err}): "
-                           f"pip install -e \".[book]\"") from err
+    missing = [name for name in NEEDS if importlib.util.find_spec(name) is None]
+    if missing:
+        raise RuntimeError(f"the book needs {', '.join(missing)}, which are not installed: "
+                           f"pip install -e \".[book]\"")
+    from sphinx.application import Sphinx
+    from sphinx.errors import SphinxError
+    from sphinx.util.docutils import docutils_namespace, patch_docutils
 
     paths = book_paths(root)
     out = pathlib.Path(out or paths["out"]).resolve()
-    if out.exists() and any(out.iterdir()) and not (out / ".buildinfo").is_file():
-        raise FileExistsError(f"{out} exists and is not a book built here; the build replaces "
-                              f"it, so pass --out with a new or empty folder")
+    reports = out.parent / f"{out.name}-reports"
+    check_replaceable(out)
+    check_replaceable(reports)
     out.parent.mkdir(parents=True, exist_ok=True)
     cache = paths["cache_smoke" if mode == "smoke" else "cache_full"]
     if rerun and cache.exists():
@@ -133,8 +167,7 @@ def build_book(out=None, mode="full", root=ROOT, rerun=False, quiet=False):
     kernel_env = compilation_cache_env(paths["jax_cache"]) if mode != "off" else {}
     overrides = {"nb_execution_mode": "off" if mode == "off" else "cache",
                  "nb_execution_cache_path": str(cache), "d2l_book_mode": mode}
-    reports = out.parent / f"{out.name}-reports"
-    shutil.rmtree(reports, ignore_errors=True)
+    shutil.rmtree(reports, ignore_errors=True)  # an earlier build's (check_replaceable)
     saved_env = os.environ.get("D2L_MULTI_SMOKE")
     work = pathlib.Path(tempfile.mkdtemp(prefix=f".{out.name}-building-", dir=out.parent))
     try:
@@ -161,10 +194,12 @@ def build_book(out=None, mode="full", root=ROOT, rerun=False, quiet=False):
             raise RuntimeError(f"the book did not build: {err}; {out} is unchanged") from err
         if app.statuscode:
             if (html / "reports").is_dir():  # tracebacks of failed notebooks
+                list_files(html / "reports")
                 (html / "reports").rename(reports)
             raise RuntimeError(f"the book did not build: fix the warnings or errors listed "
                                f"above (warnings count as errors); {out} is unchanged")
         rows = execution_table(app, started) if mode != "off" else []
+        list_files(html)
         old = work / "previous"
         if out.exists():
             out.rename(old)

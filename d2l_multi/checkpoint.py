@@ -5,10 +5,15 @@ Every function checks its arguments first and names the value and the fix. A res
 only: whatever goes wrong (a damaged or missing checkpoint, arrays of other shapes or dtypes, a
 layout the devices cannot take, too little memory, no permission), no file changes.
 """
+import json
 import logging
 import math
 import os
 import pathlib
+import re
+import shutil
+import sys
+import traceback
 
 import grain
 import jax
@@ -19,6 +24,8 @@ import orbax.checkpoint as ocp
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
 import d2l_multi as d2l
+
+from .utils import validated
 
 
 class CheckpointError(RuntimeError):
@@ -56,10 +63,14 @@ def check_layouts(tree, specs, mesh):
 
 
 def lenet_specs(axis="model"):
-    """LeNet's layouts: convolutions replicated, dense layers tensor-parallel over ``axis``."""
+    """LeNet's layouts: replicated convolutions, dense layers over ``axis``."""
+    return [P(), P(), P(), P(), P(None, axis), P(axis), P(axis, None), P()]
+
+
+def check_lenet_specs(axis="model"):
+    """Raise a ValueError unless ``axis`` names a mesh axis."""
     if not isinstance(axis, str) or not axis:
         raise ValueError(f"axis must be the name of a mesh axis, e.g. 'model', got {axis!r}")
-    return [P(), P(), P(), P(), P(None, axis), P(axis), P(axis, None), P()]
 
 
 def check_optimizer(optimizer):
@@ -70,30 +81,51 @@ def check_optimizer(optimizer):
 
 
 def state_specs(optimizer, params, specs):
-    """The train state's PartitionSpecs: ``specs`` for parameters and moments, P() for the rest."""
-    d2l.check_optimizer(optimizer)
-    d2l.check_specs(params, specs)
-    opt_state = jax.eval_shape(optimizer.init, params)  # shapes only, nothing allocated
+    """The train state's specs: ``specs`` for parameters and moments."""
+    opt_state = jax.eval_shape(optimizer.init, params)  # shapes only
     return {"params": specs,
-            "opt_state": optax.tree_map_params(optimizer, lambda _, spec: spec, opt_state, specs,
-                                               transform_non_params=lambda _: P()),
+            "opt_state": optax.tree_map_params(
+                optimizer, lambda _, spec: spec, opt_state, specs,
+                transform_non_params=lambda _: P()),
             "step": P()}
 
 
+def check_state_specs(optimizer, params, specs):
+    """Raise a ValueError unless ``optimizer`` is optax's and ``specs`` fit ``params``."""
+    d2l.check_optimizer(optimizer)
+    d2l.check_specs(params, specs)
+
+
 def sharded_train_state(params, optimizer, mesh, specs):
-    """The train state ``{'params', 'opt_state', 'step'}`` laid out on ``mesh``."""
-    d2l.check_layouts(params, specs, mesh)
-    layouts = state_specs(optimizer, params, specs)
+    """The train state ``{'params', 'opt_state', 'step'}`` on ``mesh``."""
     state = {"params": params, "opt_state": optimizer.init(params),
              "step": jnp.zeros((), jnp.int32)}
-    return jax.tree.map(lambda x, spec: d2l.shard(x, mesh, spec), state, layouts)
+    layouts = state_specs(optimizer, params, specs)
+    return jax.tree.map(
+        lambda x, spec: jax.device_put(x, NamedSharding(mesh, spec)),
+        state, layouts)
+
+
+def check_train_state(params, optimizer, mesh, specs):
+    """Raise a ValueError unless ``specs`` lay ``params`` out on ``mesh``."""
+    d2l.check_layouts(params, specs, mesh)
 
 
 def abstract_like(tree, mesh, specs):
-    """The restore target: ``tree``'s shapes and dtypes, laid out by ``specs`` on ``mesh``."""
-    d2l.check_layouts(tree, specs, mesh)
+    """The restore target: ``tree``'s shapes and dtypes, placed on ``mesh``."""
     return jax.tree.map(lambda x, spec: jax.ShapeDtypeStruct(
         x.shape, x.dtype, sharding=NamedSharding(mesh, spec)), tree, specs)
+
+
+def check_abstract_like(tree, mesh, specs):
+    """Raise a ValueError unless ``specs`` lay ``tree`` out on ``mesh``."""
+    d2l.check_layouts(tree, specs, mesh)
+
+
+lenet_specs = validated(lenet_specs, check_lenet_specs)
+state_specs = validated(state_specs, check_state_specs)
+sharded_train_state = validated(sharded_train_state, check_train_state)
+abstract_like = validated(abstract_like, check_abstract_like)
 
 
 def _check_directory(directory, name="directory"):
@@ -114,22 +146,100 @@ def _check_count(name, value, minimum, allow_none=False):
         raise ValueError(f"{name} must be an integer >= {minimum}{none}, got {value!r}")
 
 
-class _QuietReadOnly(logging.Filter):
-    """Drop Orbax's warning that a read-only manager is read-only: we asked for it."""
+class _QuietOrbax(logging.Filter):
+    """Drop Orbax's warning that a read-only manager is read-only (we asked for it), and the
+    tracebacks its background threads log for a failed save: ``wait_for_saves`` raises that
+    error again, as one message."""
 
     def filter(self, record):
+        if record.exc_info and f"{os.sep}orbax{os.sep}" in record.pathname:
+            return False
         return not record.getMessage().startswith("Given directory is read only")
 
 
-logging.getLogger("absl").addFilter(_QuietReadOnly())
+logging.getLogger("absl").addFilter(_QuietOrbax())
 
 
-def checkpoint_manager(directory, max_to_keep=3, create=True, read_only=False):
+def _quiet_closed_loops(hook):
+    """``sys.unraisablehook`` without the errors of TensorStore callbacks that find the event
+    loop closed: Orbax closes it as soon as one read or write fails, and reports that failure
+    itself."""
+    def quiet(unraisable):
+        frames = traceback.extract_tb(unraisable.exc_traceback)
+        if not (isinstance(unraisable.exc_value, RuntimeError) and frames
+                and frames[-1].name == "_check_closed"
+                and frames[-1].filename.endswith(os.path.join("asyncio", "base_events.py"))):
+            hook(unraisable)
+    return quiet
+
+
+sys.unraisablehook = _quiet_closed_loops(sys.unraisablehook)
+
+STEP_METADATA = "_CHECKPOINT_METADATA"  # Orbax writes it into a step's folder when it finishes
+_ORBAX_TMP = re.compile(r"[0-9]+\.orbax-checkpoint-tmp.*")  # a step being written
+
+
+def _numbered(directory):
+    """{step: folder} of the numbered folders in ``directory``: Orbax names a step's folder by
+    its number (finished or not)."""
+    if not directory.is_dir():
+        return {}
+    return {int(p.name): p for p in directory.iterdir()
+            if re.fullmatch(r"[0-9]+", p.name) and p.is_dir()}
+
+
+def _finished(folder):
+    return (folder / STEP_METADATA).is_file()
+
+
+def _nearest_existing(path):
+    return next(p for p in [path, *path.parents] if p.exists())
+
+
+_DEEPEST = 160  # characters Orbax adds below the folder: step/item temporaries, shards
+
+
+def _check_writable(directory):
+    """Raise PermissionError unless checkpoints can be written into ``directory`` (or created
+    in its nearest existing parent), OSError if its path leaves no room for their files."""
+    existing = _nearest_existing(directory)
+    if not os.access(existing, os.W_OK | os.X_OK):
+        raise PermissionError(f"cannot write checkpoints into {directory} ({existing} is not "
+                              f"writable: no permission, or a read-only disk); pass a folder "
+                              f"you can write to")
+    limit = os.pathconf(existing, "PC_PATH_MAX")
+    if len(str(directory)) + _DEEPEST > limit:
+        raise OSError(f"the path of the checkpoint folder is {len(str(directory))} characters "
+                      f"long, and its files need about {_DEEPEST} more, past this system's "
+                      f"limit of {limit}; pass a shorter path")
+
+
+def _check_only_checkpoints(directory):
+    """Raise FileExistsError naming whatever ``directory`` holds besides finished checkpoints
+    and Orbax's temporary folders: Orbax's clean-up (``max_to_keep``) would delete numbered
+    folders it takes for old steps."""
+    if not directory.is_dir():
+        return
+    others = sorted(p.name for p in directory.iterdir() if not (p.is_dir() and (
+        _ORBAX_TMP.fullmatch(p.name) or re.fullmatch(r"[0-9]+", p.name) and _finished(p))))
+    if others:
+        more = f" and {len(others) - 5} more" if len(others) > 5 else ""
+        raise FileExistsError(f"{directory} holds {', '.join(others[:5])}{more}, which are not "
+                              f"checkpoints; a checkpoint manager deletes old numbered folders, "
+                              f"so give the checkpoints a folder of their own (or move those "
+                              f"out)")
+
+
+def checkpoint_manager(directory, max_to_keep=3, create=True, read_only=False, timeout=None):
     """An Orbax CheckpointManager keeping the newest ``max_to_keep`` steps under ``directory``
     (None: all). ``read_only=True``: one that never creates, writes or deletes anything.
-    Close it when done, best with ``with checkpoint_manager(...) as manager:``."""
+    A writing manager refuses a folder it cannot write, or one that holds anything but
+    checkpoints (its clean-up would delete numbered folders it did not write). ``timeout``:
+    seconds a save may wait for the other processes of a job before it fails (default: Orbax's
+    20 minutes). Close it when done, best with ``with checkpoint_manager(...) as manager:``."""
     directory = _check_directory(directory)
     _check_count("max_to_keep", max_to_keep, 1, allow_none=True)
+    _check_count("timeout", timeout, 1, allow_none=True)
     for name, flag in [("create", create), ("read_only", read_only)]:
         if not isinstance(flag, bool):
             raise ValueError(f"{name} must be True or False, got {flag!r}")
@@ -137,23 +247,20 @@ def checkpoint_manager(directory, max_to_keep=3, create=True, read_only=False):
         options = ocp.CheckpointManagerOptions(read_only=True, create=False, max_to_keep=None,
                                                save_interval_steps=0)
     else:
-        options = ocp.CheckpointManagerOptions(max_to_keep=max_to_keep, create=create)
+        _check_writable(directory)
+        _check_only_checkpoints(directory)
+        waits = {} if timeout is None else {"async_options": ocp.AsyncOptions(timeout_secs=timeout)}
+        options = ocp.CheckpointManagerOptions(max_to_keep=max_to_keep, create=create, **waits)
     handlers = {"state": ocp.StandardCheckpointHandler(),  # how each item is written and read
                 "data": grain.checkpoint.CheckpointHandler()}
-    try:
-        return ocp.CheckpointManager(directory, options=options, item_handlers=handlers)
-    except PermissionError as e:
-        raise PermissionError(f"cannot create the checkpoint folder {directory} ({e.strerror}); "
-                              f"pass a folder you can write to") from e
+    return ocp.CheckpointManager(directory, options=options, item_handlers=handlers)
 
 
 def saved_steps(directory):
-    """The finished steps saved under ``directory``, oldest first ([] if there is none)."""
+    """The finished steps saved under ``directory``, oldest first ([] if there is none): the
+    numbered folders that hold Orbax's ``_CHECKPOINT_METADATA``."""
     directory = _check_directory(directory)
-    if not directory.exists():
-        return []
-    with checkpoint_manager(directory, read_only=True) as manager:
-        return sorted(manager.all_steps())
+    return sorted(step for step, folder in _numbered(directory).items() if _finished(folder))
 
 
 def _check_tree(state, what):
@@ -180,6 +287,7 @@ def save_checkpoint(manager, step, state, data_iter=None):
         raise ValueError(f"step {step} is not after the latest saved step {latest} in "
                          f"{manager.directory}, and Orbax saves only increasing steps; pass a "
                          f"step > {latest}, or save into a fresh folder")
+    _check_room(manager.directory, step, state)
     items = {"state": ocp.args.StandardSave(state)}
     if data_iter is not None:
         items["data"] = grain.checkpoint.CheckpointSave(data_iter)
@@ -188,6 +296,32 @@ def save_checkpoint(manager, step, state, data_iter=None):
                          f"read-only or its save policy skips that step; save with a manager "
                          f"from d2l.checkpoint_manager(directory)")
     return True
+
+
+def _check_room(directory, step, state):
+    """Raise OSError unless the disk holding ``directory`` has room for ``state``'s arrays."""
+    need = sum(int(np.prod(np.shape(x))) * np.dtype(x.dtype).itemsize
+               for x in jax.tree.leaves(state))
+    free = shutil.disk_usage(_nearest_existing(pathlib.Path(directory))).free
+    if free < need:
+        raise OSError(f"not enough space to save step {step} into {directory}: the state needs "
+                      f"{need:,} bytes, the disk has {free:,} bytes free; free some space, or "
+                      f"save into a folder on another disk")
+
+
+def wait_for_saves(manager):
+    """Wait until ``manager``'s background saves are written. A failed save raises OSError
+    naming the folder, the cause and the free space, instead of Orbax's error."""
+    try:
+        manager.wait_until_finished()
+    except Exception as e:
+        directory = pathlib.Path(manager.directory)
+        cause = next((x for x in _chain(e) if isinstance(x, OSError) and x.errno), None)
+        why = os.strerror(cause.errno) if cause else f"{type(e).__name__}: {str(e)[:300]}"
+        free = shutil.disk_usage(_nearest_existing(directory)).free
+        raise OSError(f"saving a checkpoint into {directory} failed ({why}); its disk has "
+                      f"{free:,} bytes free. Free some space, or pass a shorter path to a "
+                      f"folder you can write to") from e
 
 
 def _by_path(tree):
@@ -265,30 +399,95 @@ def _chain(e):
     return seen
 
 
+def _status(error):
+    """The status code that XLA and TensorStore put first in their errors ('DATA_LOSS: ...')
+    and carry no other way, or None."""
+    code = str(error).split(":", 1)[0]
+    return code if re.fullmatch(r"[A-Z]+(_[A-Z]+)*", code) else None
+
+
+def _another(steps):
+    return (f"Restore another step with step=..., one of {steps}" if steps else
+            "No other step is saved: train from scratch, or restore from a copy")
+
+
+def _damaged(where, why, steps):
+    return CheckpointError(f"the checkpoint {where} is damaged: {why}. {_another(steps)}")
+
+
 def _restore_failure(e, where, steps):
-    """The error that says why restoring ``where`` failed: permission, memory, layout, or a
-    damaged checkpoint (the catch-all)."""
+    """The error that says why reading ``where`` failed. Permissions and layouts were checked
+    before reading, so it is no permission or no memory (by the exception's type or status
+    code), or else a damaged checkpoint."""
     chain = _chain(e)
-    text = " | ".join(f"{type(x).__name__}: {x}" for x in chain)
+    codes = {_status(x) for x in chain}
     detail = f"{type(e).__name__}: {str(e)[:200]}"
-    if any(isinstance(x, PermissionError) for x in chain) or "PERMISSION_DENIED" in text \
-            or "Permission denied" in text:
+    if any(isinstance(x, PermissionError) for x in chain) or "PERMISSION_DENIED" in codes:
         return PermissionError(f"cannot read the checkpoint {where}: permission denied "
                                f"({detail}). Ask for read access to the checkpoint folder, or "
                                f"copy it somewhere readable")
-    if any(isinstance(x, MemoryError) for x in chain) or "RESOURCE_EXHAUSTED" in text \
-            or "out of memory" in text.lower():
+    if any(isinstance(x, MemoryError) for x in chain) or "RESOURCE_EXHAUSTED" in codes:
         return MemoryError(f"the checkpoint {where} does not fit in the devices' memory "
                            f"({detail}). Restore onto more devices, or split the large arrays "
                            f"over a mesh axis (their PartitionSpecs) so each device holds less")
-    if any(type(x).__name__ == "IndivisibleError" for x in chain) or any(
-            s in text for s in ("Topology mismatch", "used to save the checkpoint",
-                                "Sharding", "sharding")):
-        return ValueError(f"the arrays of {where} cannot be laid out on these devices as the "
-                          f"target asks ({detail}). Give every array a sharding on this "
-                          f"machine's devices: d2l.abstract_like(shapes, mesh, specs)")
-    return CheckpointError(f"cannot read the checkpoint {where} ({detail}); it is damaged. "
-                           f"Restore another step with step=..., one of {steps}")
+    return _damaged(where, f"its arrays cannot be read ({detail})", steps)
+
+
+def _check_files(where, steps):
+    """Raise CheckpointError unless ``where`` is a finished step whose metadata files (JSON:
+    the step's, each item's, its layouts and the data iterator's state) are whole."""
+    if not _finished(where):
+        found = ", ".join(sorted(p.name for p in where.iterdir())) or "nothing"
+        raise CheckpointError(f"the checkpoint {where} is damaged or unfinished: it holds no "
+                              f"{STEP_METADATA} (it holds {found}). {_another(steps)}, or "
+                              f"delete the folder")
+    if not (where / "state" / "_METADATA").is_file():
+        raise _damaged(where, "state/_METADATA is missing", steps)
+    for f in sorted(where.rglob("*")):
+        if f.is_file() and (f.name in (STEP_METADATA, "_METADATA", "_sharding")
+                            or f.suffix == ".json"):
+            try:
+                json.loads(f.read_bytes())
+            except ValueError as e:
+                raise _damaged(where, f"{f.relative_to(where)} is not valid JSON ({e})",
+                               steps) from e
+
+
+def _placeable(layout):
+    """False if ``layout`` (Orbax's metadata of a saved sharding) names devices not here."""
+    try:
+        layout.to_jax_sharding()
+        return True
+    except ValueError:
+        return False
+
+
+def _check_saved_layouts(saved, target, where):
+    """Raise ValueError naming the arrays that the target gives no sharding and that were
+    saved on devices that are not all here (Orbax would lay them out as they were saved)."""
+    saved = _by_path(saved)
+    lost = sorted((name for name, x in _by_path(target).items()
+                   if isinstance(x, jax.ShapeDtypeStruct) and x.sharding is None
+                   and getattr(saved.get(name), "sharding", None) is not None
+                   and not _placeable(saved[name].sharding)),
+                  key=lambda name: (not name.startswith("params"), name))
+    if lost:
+        more = f" and {len(lost) - 3} more" if len(lost) > 3 else ""
+        raise ValueError(f"the arrays of {where} cannot be laid out on these devices: "
+                         f"{', '.join(lost[:3])}{more} have no sharding in the target, and "
+                         f"the devices they were saved on are not all here. Give every array "
+                         f"a sharding on this machine's devices: d2l.abstract_like(shapes, "
+                         f"mesh, specs)")
+
+
+def _check_step(state, step, where, steps):
+    """Raise CheckpointError if the state's own step counter says another step than its
+    folder's name (a copied or renamed folder)."""
+    held = state.get("step") if isinstance(state, dict) else None
+    if held is not None and np.ndim(held) == 0 and int(held) != step:
+        raise CheckpointError(f"the folder {where} holds the state of step {int(held)}, not of "
+                              f"step {step}: it was copied or renamed. Delete it, or name it "
+                              f"{int(held)}. {_another(steps)}")
 
 
 def restore_checkpoint(directory, target, step=None, data_iter=None):
@@ -309,29 +508,33 @@ def restore_checkpoint(directory, target, step=None, data_iter=None):
         raise FileNotFoundError(f"no checkpoint directory {directory}; pass the directory "
                                 f"the run saved its checkpoints into")
     _check_readable(directory, recursive=False)
+    numbered = _numbered(directory)
+    if not numbered:
+        found = sorted(p.name for p in directory.iterdir()) or "nothing"
+        raise FileNotFoundError(f"{directory} holds no finished checkpoint (it contains "
+                                f"{found}); pass the directory the run saved its "
+                                f"checkpoints into, or train from scratch")
+    steps = sorted(s for s, folder in numbered.items() if _finished(folder))
+    step = max(numbered) if step is None else int(step)
+    if step not in numbered:
+        raise ValueError(f"no checkpoint for step={step!r} in {directory}; it has the "
+                         f"steps {steps}")
+    where, others = numbered[step], [s for s in steps if s != step]
+    _check_readable(where)
+    _check_files(where, others)
     with checkpoint_manager(directory, read_only=True) as manager:
-        steps = sorted(manager.all_steps())
-        if not steps:
-            found = sorted(p.name for p in directory.iterdir()) or "nothing"
-            raise FileNotFoundError(f"{directory} holds no finished checkpoint (it contains "
-                                    f"{found}); pass the directory the run saved its "
-                                    f"checkpoints into, or train from scratch")
-        step = steps[-1] if step is None else int(step)
-        if step not in steps:
-            raise ValueError(f"no checkpoint for step={step!r} in {directory}; it has the "
-                             f"steps {steps}")
-        where = directory / str(step)
-        _check_readable(where)
         try:
             saved = manager.item_metadata(step)["state"].tree
-        except Exception as e:  # metadata missing or unreadable
-            raise _restore_failure(e, where, steps) from e
+        except Exception as e:  # metadata that the checks above did not catch
+            raise _restore_failure(e, where, others) from e
         check_fits(saved, target, where)
+        _check_saved_layouts(saved, target, where)
         try:
             state = manager.restore(step, args=ocp.args.Composite(
                 state=ocp.args.StandardRestore(target)))["state"]
         except Exception as e:  # array files missing or unreadable, or no room for them
-            raise _restore_failure(e, where, steps) from e
+            raise _restore_failure(e, where, others) from e
+        _check_step(state, step, where, others)
         if data_iter is not None:
             try:
                 manager.restore(step, args=ocp.args.Composite(
@@ -343,7 +546,7 @@ def restore_checkpoint(directory, target, step=None, data_iter=None):
                                  f"a loader built as the run's was (source, batch size, seed, "
                                  f"shard options, workers), or data_iter=None") from e
             except Exception as e:
-                raise _restore_failure(e, where, steps) from e
+                raise _restore_failure(e, where, others) from e
     return state
 
 
@@ -394,5 +597,5 @@ def train_steps(state, train_step, batches, mesh, num_steps, manager=None, save_
             save_checkpoint(manager, start + i + 1, state,
                             batches if hasattr(batches, "get_state") else None)
     if manager is not None:
-        manager.wait_until_finished()
+        wait_for_saves(manager)
     return state, [float(loss) for loss in losses]

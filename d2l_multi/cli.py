@@ -4,6 +4,7 @@ import json
 import math
 import os
 import pathlib
+import secrets
 import sys
 import tempfile
 
@@ -87,21 +88,14 @@ def writable_dir(path):
     return path
 
 
-def _umask():
-    mask = os.umask(0)
-    os.umask(mask)
-    return mask
-
-
 def save_atomic(path, write):
     """Call ``write(tmp)`` with a temporary file next to ``path``, then rename it to ``path``:
-    the file is either complete or absent."""
+    the file is either complete or absent. It gets a new file's mode (the umask applies)."""
     path = pathlib.Path(path)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=path.suffix)
-    os.close(fd)
+    tmp = path.parent / f".{path.name}.{secrets.token_hex(8)}{path.suffix}"
+    os.close(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666))
     try:
         write(tmp)
-        os.chmod(tmp, 0o666 & ~_umask())  # mkstemp's file is private; give a new file's mode
         os.replace(tmp, path)
     finally:
         if os.path.exists(tmp):
@@ -116,8 +110,8 @@ class _Progress:
     def __init__(self, data, label, num_epochs):
         self.data, self.label, self.num_epochs = data, label, num_epochs
 
-    def get_dataloader(self, train, batch_size=None, drop_last=False):
-        loader = self.data.get_dataloader(train, batch_size, drop_last)
+    def get_dataloader(self, train, *args, **kwargs):
+        loader = self.data.get_dataloader(train, *args, **kwargs)
         return _EpochBar(loader, self.label, self.num_epochs) if train else loader
 
 

@@ -5,24 +5,34 @@ import jax.numpy as jnp
 from jax import lax
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
+from .utils import validated
+
 
 def allreduce(data):
-    """Sum arrays that live on different devices and give every device the sum (by hand)."""
-    if not data:
-        raise ValueError("allreduce needs a list with one array per device, got []")
+    """Sum arrays on different devices; give every device the sum (by hand)."""
     total = data[0]
     for x in data[1:]:
-        total = total + jax.device_put(x, total.device)  # gather onto the first device
-    return [jax.device_put(total, x.device) for x in data]  # broadcast the sum back
+        total = total + jax.device_put(x, total.device)  # gather onto device 0
+    return [jax.device_put(total, x.device) for x in data]  # broadcast back
+
+
+def check_allreduce(data):
+    """Raise a ValueError unless ``data`` holds at least one array."""
+    if not data:
+        raise ValueError("allreduce needs a list with one array per device, got []")
 
 
 def replicate(params, devices):
-    """Put a copy of ``params`` on every device, stacked along a leading device axis."""
-    if not devices:
-        raise ValueError("replicate needs at least one device, got none; pass d2l.devices(n)")
+    """Put a copy of ``params`` on every device, stacked along a new axis 0."""
     sharding = NamedSharding(Mesh(devices, ("devices",)), P("devices"))
     stack = lambda a: jnp.broadcast_to(a, (len(devices), *jnp.shape(a)))
     return jax.device_put(jax.tree.map(stack, params), sharding)
+
+
+def check_replicate(params, devices):
+    """Raise a ValueError unless there is at least one device to copy to."""
+    if not devices:
+        raise ValueError("replicate needs at least one device, got none; pass d2l.devices(n)")
 
 
 def unreplicate(params):
@@ -31,15 +41,19 @@ def unreplicate(params):
 
 
 def ring_allreduce(x, axis_name):
-    """Sum ``x`` over ``axis_name`` (in ``pmap`` or ``shard_map``) with a ring of ppermutes."""
+    """Sum ``x`` over ``axis_name`` with a ring of ``lax.ppermute``s."""
     k = lax.axis_size(axis_name)
     i = lax.axis_index(axis_name)
     right = [(j, (j + 1) % k) for j in range(k)]
-    chunks = jnp.pad(x.reshape(-1), (0, -x.size % k)).reshape(k, -1)  # k chunks, zero-padded
-    for s in range(k - 1):  # reduce-scatter: after it, device i owns the sum of chunk i+1
+    chunks = jnp.pad(x.reshape(-1), (0, -x.size % k)).reshape(k, -1)  # padded
+    for s in range(k - 1):  # reduce-scatter: device i ends with chunk i + 1
         received = lax.ppermute(chunks[(i - s) % k], axis_name, right)
         chunks = chunks.at[(i - s - 1) % k].add(received)
-    for s in range(k - 1):  # all-gather: pass the finished chunks once around the ring
+    for s in range(k - 1):  # all-gather: the finished chunks go round once
         received = lax.ppermute(chunks[(i + 1 - s) % k], axis_name, right)
         chunks = chunks.at[(i - s) % k].set(received)
     return chunks.reshape(-1)[:x.size].reshape(x.shape)
+
+
+allreduce = validated(allreduce, check_allreduce)
+replicate = validated(replicate, check_replicate)

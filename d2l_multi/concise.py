@@ -1,6 +1,10 @@
-"""Concise data parallelism: NamedShardings on a device mesh, one ``jax.jit`` training step that
-the compiler parallelises (automatic mode), and its per-device twin written with ``jax.shard_map``
-and explicit collectives (manual mode)."""
+"""Concise data parallelism: one ``jax.jit`` training step that the compiler parallelises
+(automatic mode), its per-device twin written with ``jax.shard_map`` and explicit collectives
+(manual mode), and a count of the collectives in a compiled program.
+
+``shard``, ``shard_batch`` and ``check_spec`` place arrays on a mesh after checking that the
+spec fits it; the chapter calls ``jax.device_put(x, NamedSharding(mesh, spec))`` directly, and
+the library uses these where a clear error for a bad spec helps."""
 import math
 import re
 
@@ -11,6 +15,8 @@ from jax import lax
 from jax.sharding import NamedSharding, PartitionSpec as P
 
 import d2l_multi as d2l
+
+from .utils import validated
 
 
 def check_spec(spec, mesh, shape=None):
@@ -42,6 +48,13 @@ def shard_batch(X, y, mesh, axis_name="data"):
     return shard((X, y), mesh, P(axis_name))
 
 
+def _check_batch_labels(X, y, *args, **kwargs):
+    d2l.check_labels(X, y)
+
+
+shard_batch = d2l.validated(shard_batch, _check_batch_labels)
+
+
 def check_step_optimizer(optimizer):
     """Raise a TypeError unless a step's ``optimizer`` is an optax optimizer (has ``update``)."""
     if not hasattr(optimizer, "update"):
@@ -50,8 +63,7 @@ def check_step_optimizer(optimizer):
 
 
 def make_train_step(optimizer, loss=None):
-    """A ``jax.jit`` step of ``loss`` (default ``d2l.loss_fn``); input shardings parallelise it."""
-    d2l.check_step_optimizer(optimizer)
+    """A jitted step of ``loss`` (``d2l.loss_fn``); input shardings split it."""
     loss = loss or d2l.loss_fn
 
     @jax.jit
@@ -62,22 +74,42 @@ def make_train_step(optimizer, loss=None):
     return train_step
 
 
+def check_train_step(optimizer, loss=None):
+    """Raise a TypeError unless ``optimizer`` is an optax optimizer."""
+    check_step_optimizer(optimizer)
+
+
 def make_shard_map_step(mesh, optimizer, loss=None, axis_name="data"):
-    """``make_train_step`` per device (``jax.shard_map``): the gradient of ``pmean(local loss)``."""
-    d2l.check_step_optimizer(optimizer)
-    d2l.check_spec(P(axis_name), mesh)
+    """A per-device step (``jax.shard_map``): the mean loss's gradient."""
     loss = loss or d2l.loss_fn
 
-    def local_step(params, opt_state, X, y):  # X, y: this device's slice of the batch
+    def local_step(params, opt_state, X, y):  # X, y: this device's slice
         global_loss = lambda p: lax.pmean(loss(p, X, y), axis_name)
-        loss_value, grads = jax.value_and_grad(global_loss)(params)  # the mean gradient
+        loss_value, grads = jax.value_and_grad(global_loss)(params)
         updates, opt_state = optimizer.update(grads, opt_state, params)
         return optax.apply_updates(params, updates), opt_state, loss_value
     specs = (P(), P(), P(axis_name), P(axis_name))
-    return jax.jit(jax.shard_map(local_step, mesh=mesh, in_specs=specs, out_specs=P()))
+    return jax.jit(jax.shard_map(local_step, mesh=mesh, in_specs=specs,
+                                 out_specs=P()))
 
 
-COLLECTIVES = ("all-reduce", "all-gather", "reduce-scatter", "all-to-all", "collective-permute")
+def check_shard_map_step(mesh, optimizer, loss=None, axis_name="data"):
+    """Raise unless ``optimizer`` is optax's and ``mesh`` has ``axis_name``."""
+    check_step_optimizer(optimizer)
+    check_spec(P(axis_name), mesh)
+
+
+COLLECTIVES = ("all-reduce", "all-gather", "reduce-scatter", "all-to-all",
+               "collective-permute")
+
+
+def count_collectives(hlo_text):
+    """Count each collective in HLO text (a -start/-done pair counts once)."""
+    counts = dict.fromkeys(COLLECTIVES, 0)
+    pattern = r"\b(" + "|".join(COLLECTIVES) + r")(?:-start)?\("
+    for op in re.findall(pattern, hlo_text):
+        counts[op] += 1
+    return counts
 
 
 def check_hlo_text(hlo_text):
@@ -87,10 +119,6 @@ def check_hlo_text(hlo_text):
                         f"pass f.lower(*args).compile().as_text()")
 
 
-def count_collectives(hlo_text):
-    """Count each collective in a compiled program's HLO text (a -start/-done pair: once)."""
-    d2l.check_hlo_text(hlo_text)
-    counts = dict.fromkeys(COLLECTIVES, 0)
-    for op in re.findall(r"\b(" + "|".join(COLLECTIVES) + r")(?:-start)?\(", hlo_text):
-        counts[op] += 1
-    return counts
+make_train_step = validated(make_train_step, check_train_step)
+make_shard_map_step = validated(make_shard_map_step, check_shard_map_step)
+count_collectives = validated(count_collectives, check_hlo_text)

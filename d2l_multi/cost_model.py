@@ -1,5 +1,8 @@
-"""When do more devices help? Time collectives and compute, fit the alpha-beta model, and
-predict the step time of data parallelism on k devices (notebook 07)."""
+"""What collectives and steps cost: time collectives, fit the alpha-beta model (notebook
+07a), count and time a step's compute and predict the step time of data parallelism on k
+devices (notebook 07b). The functions the notebooks show are kept as shown; their public
+names check their arguments first (``d2l.validated``)."""
+import functools
 import itertools
 import math
 import time
@@ -8,62 +11,88 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from jax import lax
-from jax.sharding import NamedSharding, PartitionSpec as P
+from jax.sharding import AxisType, NamedSharding, PartitionSpec as P
 
 import d2l_multi as d2l
+from .utils import validated
+
+COLLECTIVE_NAMES = ("psum", "all_gather", "psum_scatter", "ppermute")
 
 
-def check_collective_inputs(collective, ops, num_devices, num_bytes):
-    """Raise a ValueError unless ``collective`` is in ``ops``, k >= 2 and 4k divides num_bytes."""
+# --- notebook 07a: timing collectives, bandwidths, the alpha-beta model ----------------------
+
+def check_collective_inputs(collective, num_devices, num_bytes):
+    """Raise a ValueError unless ``collective`` is known, k >= 2 and 4k divides num_bytes."""
     k = num_devices
-    if collective not in ops or not isinstance(k, int) or k < 2:
-        raise ValueError(f"use one of {list(ops)} on num_devices >= 2, got {collective!r}, {k!r}")
+    if collective not in COLLECTIVE_NAMES or not isinstance(k, int) or k < 2:
+        raise ValueError(f"use one of {list(COLLECTIVE_NAMES)} on num_devices >= 2, got "
+                         f"{collective!r}, {k!r}")
     d2l.check_positive(num_bytes=num_bytes)
     d2l.check_divisible(num_bytes, 4 * k, "num_bytes", f"float32 blocks of {k} devices")
 
 
 def collective_loop(collective, num_devices, num_bytes):
-    """(program, input, calls): ``collective`` in a ``shard_map`` loop on ``num_devices``."""
+    """(program, input, calls): a collective, repeated in a shard_map loop."""
     k = num_devices
     ops = {"psum": lambda x: lax.psum(x, "data"),
-           "all_gather": lambda x: lax.all_gather(x, "data", tiled=True)[:x.size],
+           "all_gather": lambda x: lax.all_gather(
+               x, "data", tiled=True)[:x.size],
            "psum_scatter": lambda x: x.at[:x.size // k].set(
                lax.psum_scatter(x, "data", tiled=True)),
-           "ppermute": lambda x: lax.ppermute(x, "data", [(i, (i + 1) % k) for i in range(k)])}
-    d2l.check_collective_inputs(collective, ops, k, num_bytes)
-    calls = int(np.clip(2 ** 22 // num_bytes, 1, 32))  # up to 4 MB of traffic per program
+           "ppermute": lambda x: lax.ppermute(
+               x, "data", [(i, (i + 1) % k) for i in range(k)])}
+    calls = int(np.clip(2 ** 22 // num_bytes, 1, 32))  # <= 4 MB per program
     loop = lambda x: lax.fori_loop(0, calls, lambda i, x: ops[collective](x), x)
-    mesh = d2l.device_mesh((k,))
-    program = jax.jit(jax.shard_map(loop, mesh=mesh, in_specs=P("data"), out_specs=P("data"),
-                                    check_vma=False))
+    mesh = jax.make_mesh((k,), ("data",), axis_types=(AxisType.Auto,))
+    program = jax.jit(jax.shard_map(loop, mesh=mesh, in_specs=P("data"),
+                                    out_specs=P("data"), check_vma=False))
     size = num_bytes // 4 * (1 if collective == "all_gather" else k)
-    return program, d2l.shard(jnp.zeros(size), mesh, P("data")), calls
+    x = jax.device_put(jnp.zeros(size), NamedSharding(mesh, P("data")))
+    return program, x, calls
+
+
+collective_loop = validated(collective_loop, check_collective_inputs)
+
+
+def check_time_collective(collective, num_devices, num_bytes, repeat=5):
+    """Raise a ValueError unless ``repeat`` is a positive number (the rest: collective_loop)."""
+    d2l.check_positive(repeat=repeat)
 
 
 def time_collective(collective, num_devices, num_bytes, repeat=5):
-    """Seconds per call of the collective: ``repeat`` samples, the first after compiling."""
-    d2l.check_positive(repeat=repeat)
+    """Seconds per call: ``repeat`` samples, the first after compiling."""
     program, x, calls = collective_loop(collective, num_devices, num_bytes)
-    return np.array([d2l.time_call(program, x, repeat=1, warmup=int(i == 0)) / calls
-                     for i in range(repeat)])
+    return np.array([d2l.time_call(program, x, repeat=1, warmup=int(i == 0))
+                     / calls for i in range(repeat)])
+
+
+time_collective = validated(time_collective, check_time_collective)
+
+
+def check_bus_bandwidth(collective, num_devices, num_bytes, seconds):
+    """Raise a ValueError unless the collective is known and k and the time are > 0."""
+    if collective not in COLLECTIVE_NAMES:
+        raise ValueError(f"unknown collective {collective!r}; use one of "
+                         f"{list(COLLECTIVE_NAMES)}")
+    d2l.check_positive(num_devices=num_devices, seconds=seconds)
 
 
 def bus_bandwidth(collective, num_devices, num_bytes, seconds):
-    """nccl-tests' algorithm bandwidth S/t and bus bandwidth S/t * f, in bytes per second."""
+    """nccl-tests' algorithm bandwidth S/t and bus bandwidth f S/t, bytes/s."""
     k = num_devices
-    f = {"psum": 2 * (k - 1) / k, "all_gather": (k - 1) / k, "psum_scatter": (k - 1) / k,
-         "ppermute": 1.0}
-    if collective not in f:
-        raise ValueError(f"unknown collective {collective!r}; use one of {list(f)}")
-    d2l.check_positive(num_devices=k, seconds=seconds)
-    return num_bytes / seconds, num_bytes / seconds * f[collective]
+    f = {"psum": 2 * (k - 1) / k, "all_gather": (k - 1) / k,
+         "psum_scatter": (k - 1) / k, "ppermute": 1.0}[collective]
+    return num_bytes / seconds, f * num_bytes / seconds
+
+
+bus_bandwidth = validated(bus_bandwidth, check_bus_bandwidth)
 
 
 def measure_collectives(collectives, device_counts, sizes, repeat=5):
     """Time each collective on each device count at each size: rows with the median, the
-    fastest and the slowest sample, and both bandwidths. Smoke switch: the 3 smallest sizes."""
+    fastest and the slowest sample, and both bandwidths. Smoke switch: the 5 smallest sizes."""
     rows = []
-    sizes = sorted(sizes)[:d2l.shrink(len(sizes), 3)]
+    sizes = sorted(sizes)[:d2l.shrink(len(sizes), 5)]
     for collective, k, n in itertools.product(collectives, device_counts, sizes):
         times = time_collective(collective, k, n, repeat)
         t = float(np.median(times))
@@ -83,17 +112,38 @@ def check_alpha_beta_inputs(num_bytes, seconds):
 
 
 def fit_alpha_beta(num_bytes, seconds):
-    """(alpha, beta) >= 0 of ``seconds = alpha + beta num_bytes``, by relative least squares."""
+    """(alpha, beta) >= 0 of seconds = alpha + beta num_bytes, fitted."""
     n, t = np.asarray(num_bytes, float), np.asarray(seconds, float)
-    d2l.check_alpha_beta_inputs(n, t)
-    A = np.stack([1 / t, n / t], axis=1)              # relative error: each row divided by t
+    A = np.stack([1 / t, n / t], axis=1)  # relative errors: rows over t
     alpha, beta = np.linalg.lstsq(A, np.ones_like(t), rcond=None)[0]
-    if alpha < 0 or beta < 0:                         # the best fit with that one at 0
+    if alpha < 0 or beta < 0:             # the best fit with that one 0
         column = A[:, 0] if beta < 0 else A[:, 1]
         value = column.sum() / (column ** 2).sum()
         alpha, beta = (value, 0.0) if beta < 0 else (0.0, value)
     return float(alpha), float(beta)
 
+
+fit_alpha_beta = validated(fit_alpha_beta, check_alpha_beta_inputs)
+
+
+def check_ring_per_hop(alpha, beta, num_devices):
+    """Raise a ValueError unless alpha, beta >= 0 and the ring has k >= 2 devices."""
+    if not (math.isfinite(alpha) and math.isfinite(beta) and min(alpha, beta) >= 0):
+        raise ValueError(f"alpha and beta must be finite and >= 0, got {alpha}, {beta}")
+    if isinstance(num_devices, bool) or not isinstance(num_devices, int) or num_devices < 2:
+        raise ValueError(f"a ring needs num_devices >= 2, got {num_devices!r}")
+
+
+def ring_per_hop(alpha, beta, num_devices):
+    """A ring allreduce's latency per hop and seconds per byte on a link."""
+    k = num_devices
+    return alpha / (2 * (k - 1)), beta * k / (2 * (k - 1))
+
+
+ring_per_hop = validated(ring_per_hop, check_ring_per_hop)
+
+
+# --- notebook 07b: the compute of a step, predicting the step --------------------------------
 
 def check_cost_analysis(cost):
     """Raise a ValueError if the backend's ``cost_analysis()`` gave no FLOP count."""
@@ -103,11 +153,26 @@ def check_cost_analysis(cost):
 
 
 def step_cost(step, *args):
-    """FLOPs and bytes accessed that XLA counts in ``step(*args)`` or a compiled ``step``."""
-    compiled = step if hasattr(step, "cost_analysis") else jax.jit(step).lower(*args).compile()
-    cost = compiled.cost_analysis()
-    d2l.check_cost_analysis(cost)
+    """FLOPs and bytes accessed that XLA counts in step(*args)."""
+    if not hasattr(step, "cost_analysis"):          # not compiled yet
+        step = jax.jit(step).lower(*args).compile()
+    cost = step.cost_analysis()
     return {"flops": cost["flops"], "bytes": cost.get("bytes accessed", 0.0)}
+
+
+def _counted(fn):
+    """``step_cost`` behind a check of what the backend counted: compiles once, then calls
+    the shown function with the compiled step."""
+    @functools.wraps(fn)
+    def checked(step, *args):
+        if not hasattr(step, "cost_analysis"):
+            step = jax.jit(step).lower(*args).compile()
+        check_cost_analysis(step.cost_analysis())
+        return fn(step)
+    return checked
+
+
+step_cost = _counted(step_cost)
 
 
 def measure_compute(step, make_args, batch_sizes, repeat=5):
@@ -136,21 +201,47 @@ def cpu_time_call(f, *args, repeat=5):
     return (time.process_time() - cpu) / repeat, (time.perf_counter() - wall) / repeat
 
 
-def check_step_time_inputs(compute_time, grad_bytes, alpha, beta):
-    """Raise a ValueError unless the compute time is finite and all four are >= 0."""
+def check_step_time_inputs(compute_time, num_devices, grad_bytes, alpha, beta, overlap=False,
+                           parallelism=None):
+    """Raise a ValueError unless k and the parallelism are > 0, the compute time is finite
+    and the compute time, gradient bytes, alpha and beta are >= 0."""
+    d2l.check_positive(num_devices=num_devices,
+                       parallelism=num_devices if parallelism is None else parallelism)
     if not (math.isfinite(compute_time) and min(compute_time, grad_bytes, alpha, beta) >= 0):
         raise ValueError(f"compute_time, grad_bytes, alpha and beta must be finite and >= 0, got "
                          f"{compute_time}, {grad_bytes}, {alpha}, {beta}")
 
 
-def predict_step_time(compute_time, num_devices, grad_bytes, alpha, beta, overlap=False,
-                      parallelism=None):
-    """Seconds of a data-parallel step: k shares, ``parallelism`` at a time, a ring allreduce."""
+def predict_step_time(compute_time, num_devices, grad_bytes, alpha, beta,
+                      overlap=False, parallelism=None):
+    """Seconds of a data-parallel step: k shares, a ring allreduce."""
     k = num_devices
     parallelism = k if parallelism is None else parallelism
-    d2l.check_positive(num_devices=k, parallelism=parallelism)
-    d2l.check_step_time_inputs(compute_time, grad_bytes, alpha, beta)
     compute = compute_time * k / parallelism
     allreduce = 2 * (k - 1) * alpha + 2 * (k - 1) / k * grad_bytes * beta
     backward = 2 / 3 * compute if overlap else 0.0
     return compute - backward + max(backward, allreduce)
+
+
+predict_step_time = validated(predict_step_time, check_step_time_inputs)
+
+
+# --- a recorded run on an accelerator (docs/benchmarks.md, "One device of each kind") --------
+
+# One SGD step of LeNet and of ResNet-18 (float32) on one NVIDIA H100 and on its host's CPU as
+# one JAX device, as ``python -m d2l_multi benchmark models`` printed them: the run at batch 256
+# and the one with ``--batch-size 1024 --repeat 20``. GFLOP/step is XLA:CPU's count of the step.
+H100_MODELS = {
+    "machine": "Intel(R) Xeon(R) Processor, 16 cores, Linux 6.18.44-fc-v657-gpu",
+    "versions": "python 3.12.3, jax 0.11.2, jaxlib 0.11.2, "
+                "devices: 1 x NVIDIA H100 80GB HBM3",
+    "columns": ("model", "device", "batch", "ms/step", "GFLOP/step"),
+    "rows": [("LeNet", "cpu", 256, 46.88, 3.5),
+             ("LeNet", "NVIDIA H100 80GB HBM3", 256, 0.71, 3.5),
+             ("ResNet-18 (width 64)", "cpu", 256, 2133.55, 594.6),
+             ("ResNet-18 (width 64)", "NVIDIA H100 80GB HBM3", 256, 8.30, 594.6),
+             ("LeNet", "cpu", 1024, 175.31, 13.8),
+             ("LeNet", "NVIDIA H100 80GB HBM3", 1024, 1.22, 13.8),
+             ("ResNet-18 (width 64)", "cpu", 1024, 9893.13, 2378.3),
+             ("ResNet-18 (width 64)", "NVIDIA H100 80GB HBM3", 1024, 23.53, 2378.3)],
+}

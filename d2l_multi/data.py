@@ -2,14 +2,15 @@
 
 Lookup order for each dataset: ``data_dir`` argument → ``$D2L_MULTI_DATA/<name>/`` → the user
 cache (``$XDG_CACHE_HOME/d2l_multi/<name>/``) → Debian's ``/usr/share/datasets/<name>/``
-(package ``dataset-fashion-mnist``) → download from the canonical mirrors into ``data_dir`` or
-the cache. Every file is checked against the sha256 of its *decompressed* content, so a
-re-gzipped copy (Debian's) is accepted and a damaged one is refused with the file's name.
+(package ``dataset-fashion-mnist``) → with the smoke switch on, the sample shipped in
+``d2l_multi/sample_data/`` (the first 2048 training and 512 test examples, which are all a
+smoke run uses) → download from the canonical mirrors into ``data_dir`` or the cache. Every
+file is checked against the sha256 of its *decompressed* content, so a re-gzipped copy
+(Debian's) is accepted and a damaged one is refused with the file's name.
 """
 import functools
 import gzip
 import hashlib
-import itertools
 import os
 import pathlib
 import tempfile
@@ -26,6 +27,7 @@ DATASETS = {
         "mirrors": ["http://fashion-mnist.s3-website.eu-central-1.amazonaws.com/",
                     "https://github.com/zalandoresearch/fashion-mnist/raw/master/data/fashion/"],
         "debian": "/usr/share/datasets/fashion-mnist",
+        "sizes": {"train": 60_000, "test": 10_000},
         "sha256": {  # of the decompressed IDX content
             "train-images-idx3-ubyte.gz": "c59f468a2f672dc815687fe0f83887768d799fd8a3f3276145d20f83aa44d888",
             "train-labels-idx1-ubyte.gz": "bad3541b69d912435c50bb6ba87bec294ff4f6a2e1246121d8633921760443d9",
@@ -37,12 +39,30 @@ DATASETS = {
         "mirrors": ["https://ossci-datasets.s3.amazonaws.com/mnist/",
                     "https://storage.googleapis.com/cvdf-datasets/mnist/"],
         "debian": None,
+        "sizes": {"train": 60_000, "test": 10_000},
         "sha256": {
             "train-images-idx3-ubyte.gz": "ba891046e6505d7aadcbbe25680a0738ad16aec93bde7f9b65e87a2fc25776db",
             "train-labels-idx1-ubyte.gz": "65a50cbbf4e906d70832878ad85ccda5333a97f0f4c3dd2ef09a8a9eef7101c5",
             "t10k-images-idx3-ubyte.gz": "0fa7898d509279e482958e8ce81c8e77db3f2f8254e26661ceb7762c4d494ce7",
             "t10k-labels-idx1-ubyte.gz": "ff7bcfd416de33731a308c3f266cc351222c34898ecbeaf847f06e48f7ec33f2",
         },
+    },
+}
+
+
+SAMPLE_SIZES = {"train": 2048, "test": 512}  # the first examples of each split
+SAMPLE_SHA256 = {  # of the decompressed sample files (tools/make_sample_data.py)
+    "fashion-mnist": {
+        "train-images-idx3-ubyte.gz": "2638b79e52ead7bacad88c1a913b089757871a8eec13fd966dfedf9c2d881aaf",
+        "train-labels-idx1-ubyte.gz": "77c8ce66aefe27d97ef7cc1eaa60291ed962a405a8f717dd95487b98aa903e57",
+        "t10k-images-idx3-ubyte.gz": "d2223cd325784a5e01e09112cd7f626cfc3c78e2f26b81e1c3ac5152ced7be9f",
+        "t10k-labels-idx1-ubyte.gz": "673e491a4e3bc9ee3e19141f2f57173a1a1707a7d15ffac6adbbe7f985e2264e",
+    },
+    "mnist": {
+        "train-images-idx3-ubyte.gz": "a66944ab7c77489e7a3a6cc1fe66bc3084e11a11141237ed7537a3f1b2072f98",
+        "train-labels-idx1-ubyte.gz": "fdb8efb936f647a73024ce5e7c29b44e2048ff885293a84dfba7d09393708037",
+        "t10k-images-idx3-ubyte.gz": "9d573bf61bb651469c2e01ffc42d32220e2eed3c8991e7148223c2a05698ae86",
+        "t10k-labels-idx1-ubyte.gz": "2e5d96fa21a97a70e391239479319e3587978aa81a855c2a879c31d76768bcec",
     },
 }
 
@@ -160,13 +180,24 @@ def _download_all(name, dest_root, progress):
     return dest_root
 
 
+def sample_dir(name):
+    """The folder of the sample shipped with the package (first 2048 training and 512 test
+    examples), or None when there is none for ``name``."""
+    root = pathlib.Path(__file__).resolve().parent / "sample_data" / name
+    return root if name in SAMPLE_SHA256 and root.is_dir() else None
+
+
 def dataset_dir(name="fashion-mnist", data_dir=None, download_missing=True, progress=True):
-    """Return the folder holding ``name``'s files, downloading them if needed."""
+    """Return the folder holding ``name``'s files: a full local copy; with the smoke switch on
+    and no full copy, the shipped sample; else a download."""
     if name not in DATASETS:
         raise ValueError(f"unknown dataset {name!r}; choose one of {sorted(DATASETS)}")
     root = find_dataset(name, data_dir)
     if root is not None:
         return root
+    from .smoke_switch import smoke
+    if smoke() and sample_dir(name) is not None:
+        return sample_dir(name)
     dest = pathlib.Path(data_dir) / name if data_dir is not None else cache_dir() / name
     if not download_missing:
         raise DataError(f"{name} not found in any of: "
@@ -176,7 +207,9 @@ def dataset_dir(name="fashion-mnist", data_dir=None, download_missing=True, prog
 
 @functools.lru_cache(maxsize=4)
 def _load_cached(name, root):
-    sums, out = DATASETS[name]["sha256"], {}
+    is_sample = pathlib.Path(root) == sample_dir(name)
+    sums = SAMPLE_SHA256[name] if is_sample else DATASETS[name]["sha256"]
+    out = {}
     for split, (images, labels) in _SPLITS.items():
         X = read_idx_gz(pathlib.Path(root) / images, sums[images])
         y = read_idx_gz(pathlib.Path(root) / labels, sums[labels])
@@ -188,31 +221,38 @@ def _load_cached(name, root):
 
 
 def load_dataset(name="fashion-mnist", data_dir=None):
-    """Return ``{'train': (X, y), 'test': (X, y)}`` as uint8 arrays, X of shape (n, 28, 28)."""
+    """Return ``{'train': (X, y), 'test': (X, y)}`` as uint8 arrays, X of shape (n, 28, 28):
+    all the examples, or only the first ones when the shipped sample stands in (smoke switch
+    on, no full copy found)."""
     root = dataset_dir(name, data_dir)
     return _load_cached(name, str(root.resolve()))
 
 
 class Batches:
-    """Mini-batches ``(X, y)`` of two arrays. With ``shuffle``, every pass draws a new order:
-    pass ``k`` of the counter ``passes`` (shared by the loaders of one data module, so asking
-    for a new loader every epoch reshuffles too) uses the permutation ``(seed, k)``."""
+    """Mini-batches ``(X, y)`` of two arrays. With ``shuffle``, pass ``k`` over this loader
+    (counted from ``epoch``) uses the permutation drawn from ``(seed, epoch + k)``: iterating
+    one loader once per epoch reshuffles every epoch, and nothing outside the loader (another
+    loader, a peek at a batch) changes its order."""
 
-    def __init__(self, X, y, batch_size, shuffle=False, drop_last=False, seed=0, passes=None):
+    def __init__(self, X, y, batch_size, shuffle=False, drop_last=False, seed=0, epoch=0):
         self.X, self.y, self.batch_size = X, y, batch_size
-        self.shuffle, self.drop_last, self.seed = shuffle, drop_last, seed
-        self.passes = itertools.count() if passes is None else passes
+        self.shuffle, self.drop_last, self.seed, self.epoch = shuffle, drop_last, seed, epoch
 
     def __len__(self):
         n, b = len(self.X), self.batch_size
         return n // b if self.drop_last else -(-n // b)
 
     def __iter__(self):
-        n, b = len(self.X), self.batch_size
+        n = len(self.X)
         if self.shuffle:
-            order = np.random.default_rng((self.seed, next(self.passes))).permutation(n)
+            order = np.random.default_rng((self.seed, self.epoch)).permutation(n)
+            self.epoch += 1  # the next pass is the next epoch
         else:
             order = np.arange(n)
+        return self._batches(order)
+
+    def _batches(self, order):
+        b = self.batch_size
         for i in range(0, len(self) * b, b):
             idx = order[i:i + b]
             yield self.X[idx], self.y[idx]
@@ -236,7 +276,7 @@ class FashionMNIST:
     name = "fashion-mnist"
     labels = ["t-shirt", "trouser", "pullover", "dress", "coat",
               "sandal", "shirt", "sneaker", "bag", "ankle boot"]
-    smoke_sizes = (2048, 512)
+    smoke_sizes = (SAMPLE_SIZES["train"], SAMPLE_SIZES["test"])  # what the sample holds
 
     def __init__(self, batch_size=64, resize=(28, 28), data_dir=None, *,
                  num_train=None, num_val=None, seed=0):
@@ -250,13 +290,13 @@ class FashionMNIST:
         if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
             raise ValueError(f"seed must be a non-negative integer, got {seed!r}")
         raw = load_dataset(self.name, data_dir)
-        _check_count("num_train", num_train, len(raw["train"][1]))
-        _check_count("num_val", num_val, len(raw["test"][1]))
+        full = DATASETS[self.name].get("sizes", {})  # the sample may stand in for all of it
+        _check_count("num_train", num_train, full.get("train", len(raw["train"][1])))
+        _check_count("num_val", num_val, full.get("test", len(raw["test"][1])))
         from .smoke_switch import shrink
         self.batch_size, self.resize, self.seed = batch_size, resize, seed
         self.train = self._prepare(*raw["train"], shrink(num_train, self.smoke_sizes[0]))
         self.val = self._prepare(*raw["test"], shrink(num_val, self.smoke_sizes[1]))
-        self._passes = itertools.count()  # training passes drawn so far, by any loader
 
     def _prepare(self, X, y, n):
         X, y = X[:n], y[:n]
@@ -270,12 +310,16 @@ class FashionMNIST:
         """Return the text labels of integer class indices."""
         return [self.labels[int(i)] for i in indices]
 
-    def get_dataloader(self, train, batch_size=None, drop_last=False):
-        """Return an iterable of ``(X, y)`` batches; training batches are reshuffled on every
-        pass, reproducibly from ``seed``. ``drop_last``: skip the last incomplete batch."""
+    def get_dataloader(self, train, batch_size=None, drop_last=False, epoch=0):
+        """Return an iterable of ``(X, y)`` batches. Training batches come in the order of
+        ``(seed, epoch)``, and every further pass over the same loader is the next epoch's:
+        make the loader once and iterate it once per epoch (or pass ``epoch=k`` to a loader
+        made for epoch ``k``). ``drop_last``: skip the last incomplete batch."""
         batch_size = self.batch_size if batch_size is None else batch_size
         if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
             raise ValueError(f"batch_size must be a positive integer, got {batch_size!r}")
+        if isinstance(epoch, bool) or not isinstance(epoch, int) or epoch < 0:
+            raise ValueError(f"epoch must be a non-negative integer, got {epoch!r}")
         X, y = self.train if train else self.val
         if drop_last and len(X) < batch_size:
             raise ValueError(
@@ -283,7 +327,7 @@ class FashionMNIST:
                 f"one batch of {batch_size}, so drop_last=True leaves no batch at all; use a "
                 f"batch size of at most {len(X)}, or keep more examples (num_train/num_val)")
         return Batches(X, y, batch_size, shuffle=train, drop_last=drop_last, seed=self.seed,
-                       passes=self._passes)
+                       epoch=epoch)
 
     def train_dataloader(self):
         return self.get_dataloader(train=True)

@@ -13,9 +13,11 @@ and a worker ends with ``exit_worker(status)``, which does the same for a failur
 """
 import errno
 import glob
+import hmac
 import importlib.util
 import math
 import os
+import re
 import socket
 import sys
 
@@ -24,6 +26,7 @@ import numpy as np
 from jax.sharding import NamedSharding, PartitionSpec as P
 
 import d2l_multi as d2l
+from d2l_multi.utils import validated
 
 # What the launcher (d2l_multi/launch.py) puts into every worker's environment.
 COORDINATOR_ENV = "D2L_MULTI_COORDINATOR_ADDRESS"
@@ -32,6 +35,8 @@ PROCESS_ID_ENV = "D2L_MULTI_PROCESS_ID"
 DEVICES_PER_PROCESS_ENV = "D2L_MULTI_DEVICES_PER_PROCESS"
 HEARTBEAT_TIMEOUT_ENV = "D2L_MULTI_HEARTBEAT_TIMEOUT"
 COLLECTIVE_TIMEOUT_ENV = "D2L_MULTI_COLLECTIVE_TIMEOUT"
+SECRET_ENV = "D2L_MULTI_JOB_SECRET"            # known only to the launch and its workers
+LAUNCHER_PID_ENV = "D2L_MULTI_LAUNCHER_PID"    # the process that started the workers
 
 
 def _env_int(name, minimum, env):
@@ -47,8 +52,34 @@ def _env_int(name, minimum, env):
     return value
 
 
+def _started_by(pid):
+    """True if process ``pid`` is this process, its parent, its parent's parent, ... (read
+    from /proc; where there is none, True if ``pid`` is running)."""
+    if pid == os.getpid():
+        return True
+    if not os.path.isdir("/proc"):
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return False
+        except PermissionError:
+            pass
+        return True
+    ancestor = os.getppid()
+    while ancestor > 1:
+        if ancestor == pid:
+            return True
+        try:
+            with open(f"/proc/{ancestor}/stat") as f:
+                ancestor = int(f.read().rsplit(")", 1)[1].split()[1])
+        except (OSError, ValueError, IndexError):
+            return False
+    return False
+
+
 def launcher_settings(environ=None):
-    """The settings ``python -m d2l_multi launch`` gave this process; None outside it."""
+    """The settings ``python -m d2l_multi launch`` gave this process; None outside it.
+    Settings left over from a launch that did not start this process are refused."""
     env = os.environ if environ is None else environ
     if not env.get(COORDINATOR_ENV):
         return None
@@ -59,10 +90,20 @@ def launcher_settings(environ=None):
          "heartbeat_timeout": _env_int(HEARTBEAT_TIMEOUT_ENV, 1, env)
          if env.get(HEARTBEAT_TIMEOUT_ENV) else None,
          "collective_timeout": _env_int(COLLECTIVE_TIMEOUT_ENV, 1, env)
-         if env.get(COLLECTIVE_TIMEOUT_ENV) else None}
+         if env.get(COLLECTIVE_TIMEOUT_ENV) else None,
+         "secret": env.get(SECRET_ENV, ""),
+         "launcher_pid": _env_int(LAUNCHER_PID_ENV, 1, env)}
     if s["process_id"] >= s["num_processes"]:
         raise ValueError(f"{PROCESS_ID_ENV}={s['process_id']} but the job has only "
                          f"{s['num_processes']} processes (ids 0..{s['num_processes'] - 1})")
+    if not re.fullmatch(r"[0-9a-f]{32}", s["secret"]):
+        raise ValueError(f"{SECRET_ENV} is missing or malformed; the launcher sets it "
+                         f"(python -m d2l_multi launch ...), so do not edit it by hand")
+    if not _started_by(s["launcher_pid"]):
+        raise ValueError(f"the D2L_MULTI_* settings in the environment come from a launch "
+                         f"(launcher pid {s['launcher_pid']}) that did not start this process; "
+                         f"unset them to run alone (unset ${{!D2L_MULTI_@}}), or start the job "
+                         f"with python -m d2l_multi launch")
     return s
 
 
@@ -107,15 +148,17 @@ def check_devices_per_process(devices_per_process):
 
 
 def check_device_counts(devices_per_process=None):
-    """Raise unless every process has ``devices_per_process`` devices (default: as process 0)."""
-    d2l.check_devices_per_process(devices_per_process)
-    processes, counts = np.unique([d.process_index for d in jax.devices()], return_counts=True)
+    """Raise unless every process has ``devices_per_process`` devices (default:
+    as many as process 0)."""
+    processes, counts = np.unique([d.process_index for d in jax.devices()],
+                                  return_counts=True)
     expected = devices_per_process or int(counts[0])
     if (counts != expected).any():
         listing = ", ".join(f"process {p}: {n}" for p, n in zip(processes, counts))
-        raise ValueError(f"every process should have {expected} device(s), but {listing}. JAX "
-                         f"needs as many in every process: launch all of them with the same "
-                         f"--devices-per-process (and as many accelerators each)")
+        raise ValueError(
+            f"every process should have {expected} device(s), but {listing}. "
+            f"JAX needs as many in every process: launch all of them with the "
+            f"same --devices-per-process (and as many accelerators each)")
 
 
 def _exit_at_once(kind, value, traceback):
@@ -125,17 +168,20 @@ def _exit_at_once(kind, value, traceback):
     exit_worker(130 if issubclass(kind, KeyboardInterrupt) else 1)
 
 
-def exit_worker(status=0):
-    """End this worker process with exit ``status`` (0..255). A failure in a process that has
-    joined (or tried to join) a job ends it at once (``os._exit``, after flushing its output),
-    so that neither the launcher nor its peers wait for it; success, or a process alone, exits
-    normally."""
+def _check_status(status=0):
+    """Raise a ValueError unless ``status`` is an exit status from 0 to 255."""
     if isinstance(status, bool) or not isinstance(status, int) or not 0 <= status <= 255:
         raise ValueError(f"status must be an exit status from 0 to 255, got {status!r}")
-    if status and (sys.excepthook is _exit_at_once or jax.distributed.is_initialized()):
+
+
+def exit_worker(status=0):
+    """End this worker process with exit ``status``: success normally, a
+    failure at once, waiting for nothing (neither the launcher nor the peers
+    nor threads left waiting, as Orbax's are after a failed save)."""
+    if status:
         sys.stdout.flush()
         sys.stderr.flush()
-        os._exit(status)
+        os._exit(status)  # no clean-up handlers, no shutdown barrier
     sys.exit(status)
 
 
@@ -158,28 +204,74 @@ def _bound_cpu_waits(collective):
 
 
 def _port_in_use(address):
-    """The OSError for process 0 when something holds the coordinator's port. JAX's service
-    binds it on every interface; its own failure to do so can crash the process."""
-    message = (f"process 0 could not start the coordinator on {address}: that port is in "
-               f"use. Launch again without --port to get a free one")
-    port = int(address.rsplit(":", 1)[1])
-    for family, host in ((socket.AF_INET6, "::"), (socket.AF_INET, "0.0.0.0")):
+    """The OSError for process 0 when something holds the coordinator's port (JAX's own
+    failure to bind it can crash the process)."""
+    host, port = address.rsplit(":", 1)
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    with socket.socket(family, socket.SOCK_STREAM) as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
-            with socket.socket(family, socket.SOCK_STREAM) as s:
-                s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-                s.bind((host, port))
-                return None
+            s.bind((host.strip("[]"), int(port)))
         except OSError as e:
-            if e.errno == errno.EADDRINUSE:
-                return OSError(message)
-    return None  # neither family could be tried: leave it to JAX
+            if e.errno != errno.EADDRINUSE:
+                return None  # leave it to JAX
+            return OSError(f"process 0 could not start the coordinator on {address}: that port "
+                           f"is in use. Launch again without --port to get a free one")
+    return None
+
+
+def _gpus_here(environ=None, driver="/proc/driver/nvidia/gpus"):
+    """How many NVIDIA GPUs this process may use (``CUDA_VISIBLE_DEVICES`` counted), or None
+    where there is no NVIDIA driver."""
+    env = os.environ if environ is None else environ
+    if not os.path.isdir(driver):
+        return None
+    count = len(os.listdir(driver))
+    visible = env.get("CUDA_VISIBLE_DEVICES")
+    if visible is not None:
+        count = min(count, len([v for v in visible.split(",") if v.strip()]))
+    return count
+
+
+def _check_gpu_ids(process_id, devices_per_process, gpus):
+    """Raise ValueError unless the GPUs of process ``process_id`` (p*k .. p*k+k-1) are among
+    the ``gpus`` present (None or 0: no GPU, nothing to check)."""
+    last = (process_id + 1) * devices_per_process
+    if gpus and last > gpus:
+        raise ValueError(f"process {process_id} would use GPUs {last - devices_per_process}.."
+                         f"{last - 1}, but this machine has {gpus} GPU(s): launch at most "
+                         f"{gpus} devices in all (--processes x --devices-per-process), or set "
+                         f"JAX_PLATFORMS=cpu to simulate CPU devices instead")
+
+
+def _proof(secret, process_id):
+    """What process ``process_id`` shows to prove it knows the launch's ``secret``."""
+    return hmac.new(bytes.fromhex(secret), f"process {process_id}".encode(), "sha256").digest()
+
+
+def _check_members(secret):
+    """Raise PermissionError unless every process of the job knows this launch's secret.
+    jax.distributed has no authentication: anyone who can reach the coordinator's port could
+    join in a real worker's place. Each process shows a keyed hash of its id (not the secret),
+    before any data moves."""
+    from jax.experimental import multihost_utils
+    mine = np.frombuffer(_proof(secret, jax.process_index()), np.uint8)
+    shown = multihost_utils.process_allgather(mine)
+    for i in range(jax.process_count()):
+        if bytes(shown[i]) != _proof(secret, i):
+            raise PermissionError(
+                f"process {i} did not show this launch's secret: a program that this launch "
+                f"did not start joined the job as process {i} (another user's, or one started "
+                f"by hand with copied D2L_MULTI_* settings). Stopping before any data moves")
 
 
 def initialize_distributed(heartbeat_timeout=None, collective_timeout=None):
     """Join this process to its job; return ``(process_index, process_count)``.
 
     Under ``python -m d2l_multi launch``: simulate the launcher's number of CPU devices
-    (accelerators stay visible) and connect to its coordinator. On a SLURM, Open MPI,
+    (accelerators stay visible), start or reach its coordinator on the launcher's loopback
+    address only, and check that every process that joined knows the launch's secret (see
+    docs/multi_process.md). On a SLURM, Open MPI,
     Kubernetes or Cloud TPU cluster: let ``jax.distributed.initialize()`` read the
     cluster's settings. Otherwise: a no-op, one process. Call it before any JAX computation.
     A peer silent for ``heartbeat_timeout`` seconds counts as dead; a CPU collective that
@@ -215,21 +307,19 @@ def initialize_distributed(heartbeat_timeout=None, collective_timeout=None):
         jax.distributed.initialize(**timeouts)
         d2l.check_device_counts()
         return jax.process_index(), jax.process_count()
-    k, pid = settings["devices_per_process"], settings["process_id"]
-    if pid == 0 and (taken := _port_in_use(settings["coordinator_address"])):
+    k, pid, address = (settings["devices_per_process"], settings["process_id"],
+                       settings["coordinator_address"])
+    if os.environ.get("JAX_PLATFORMS", "").strip() != "cpu":
+        _check_gpu_ids(pid, k, _gpus_here())
+    if pid == 0 and (taken := _port_in_use(address)):
         raise taken
-    try:
-        jax.distributed.initialize(
-            settings["coordinator_address"], settings["num_processes"], pid,
-            local_device_ids=list(range(pid * k, (pid + 1) * k)),  # GPUs p*k..p*k+k-1
-            initialization_timeout=60, **timeouts)
-    except jax.errors.JaxRuntimeError as e:
-        if "Failed to start RPC server" not in str(e):
-            raise
-        raise OSError(f"process 0 could not start the coordinator on "
-                      f"{settings['coordinator_address']}: that port is in use. Launch "
-                      f"again without --port to get a free one") from None
+    jax.distributed.initialize(
+        address, settings["num_processes"], pid,
+        local_device_ids=list(range(pid * k, (pid + 1) * k)),  # GPUs p*k..p*k+k-1
+        initialization_timeout=60, coordinator_bind_address=address,  # loopback only
+        **timeouts)
     d2l.check_device_counts(k)
+    _check_members(settings["secret"])
     return jax.process_index(), jax.process_count()
 
 
@@ -242,14 +332,20 @@ def check_batch_inputs(X, y, batch_size, seed, epoch):
             raise ValueError(f"{name} must be a non-negative integer, got {value!r}")
 
 
-def process_batches(X, y, batch_size, shuffle=False, seed=0, epoch=0):
-    """Yield this process's rows ``(X, y, weight)`` of every global batch of ``batch_size``."""
+def _check_process_batches(X, y, batch_size, shuffle=False, seed=0, epoch=0):
+    """Raise a ValueError unless ``process_batches`` can take these arguments."""
     d2l.check_batch_inputs(X, y, batch_size, seed, epoch)
+    d2l.check_divisible(batch_size, jax.process_count(), over="processes")
+
+
+def process_batches(X, y, batch_size, shuffle=False, seed=0, epoch=0):
+    """Yield this process's rows ``(X, y, weight)`` of every global batch."""
     n, num_processes, p = len(X), jax.process_count(), jax.process_index()
-    d2l.check_divisible(batch_size, num_processes, over="processes")
-    order = np.random.default_rng((seed, epoch)).permutation(n) if shuffle else np.arange(n)
-    if shuffle:  # training: drop the last incomplete batch
-        order = order[:n - n % batch_size]
+    if shuffle:  # the same order in every process: it depends on (seed, epoch)
+        order = np.random.default_rng((seed, epoch)).permutation(n)
+        order = order[:n - n % batch_size]  # training: drop a partial batch
+    else:
+        order = np.arange(n)
     pad = -len(order) % batch_size  # evaluation: pad it with rows of weight 0
     weight = np.pad(np.ones(len(order), np.float32), (0, pad))
     order = np.pad(order, (0, pad))
@@ -259,7 +355,7 @@ def process_batches(X, y, batch_size, shuffle=False, seed=0, epoch=0):
         yield X[order[rows]], y[order[rows]], weight[rows]
 
 
-def check_mesh_and_arrays(mesh, local_arrays):
+def check_mesh_and_arrays(mesh, *local_arrays):
     """Raise a ValueError unless ``mesh`` is a Mesh and ``local_arrays`` holds some arrays."""
     if not isinstance(mesh, jax.sharding.Mesh):
         raise ValueError(f"mesh must be a jax.sharding.Mesh, e.g. d2l.device_mesh(), got "
@@ -269,7 +365,16 @@ def check_mesh_and_arrays(mesh, local_arrays):
 
 
 def global_batch(mesh, *local_arrays):
-    """Assemble each process's rows into global arrays sharded over ``mesh``'s first axis."""
-    d2l.check_mesh_and_arrays(mesh, local_arrays)
+    """Assemble each process's rows into global arrays sharded over ``mesh``'s
+    first axis."""
     sharding = NamedSharding(mesh, P(mesh.axis_names[0]))
-    return tuple(jax.make_array_from_process_local_data(sharding, a) for a in local_arrays)
+    return tuple(jax.make_array_from_process_local_data(sharding, a)
+                 for a in local_arrays)
+
+
+# The public names check their arguments first (d2l.validated); the chapter shows
+# the functions themselves.
+check_device_counts = validated(check_device_counts, check_devices_per_process)
+exit_worker = validated(exit_worker, _check_status)
+process_batches = validated(process_batches, _check_process_batches)
+global_batch = validated(global_batch, check_mesh_and_arrays)

@@ -19,14 +19,17 @@ import optax
 from flax import nnx
 from flax.training import train_state
 from jax import lax
+from jax.sharding import AxisType, NamedSharding, PartitionSpec as P
 
 import d2l_multi as d2l
+
+from .utils import validated
 
 
 # ----- Modern: Flax NNX, nnx.jit and shardings -----
 
 class CNN(nnx.Module):
-    """The Flax examples' CNN in NNX: two 3x3 convolutions with pooling, two dense layers."""
+    """The Flax examples' CNN in NNX: two 3x3 convolutions, two dense layers."""
 
     def __init__(self, *, rngs):
         self.conv1 = nnx.Conv(1, 32, kernel_size=(3, 3), rngs=rngs)
@@ -44,10 +47,11 @@ class CNN(nnx.Module):
 
 @nnx.jit
 def nnx_train_step(model, optimizer, images, labels):
-    """One ``optimizer`` step on ``model``'s mean cross-entropy, in place; returns the loss."""
+    """One ``optimizer`` step on the mean cross-entropy, in place; the loss."""
     def loss_fn(model):
         logits = model(images)
-        return optax.softmax_cross_entropy_with_integer_labels(logits, labels).mean()
+        losses = optax.softmax_cross_entropy_with_integer_labels(logits, labels)
+        return losses.mean()
     loss, grads = nnx.value_and_grad(loss_fn)(model)
     optimizer.update(model, grads)
     return loss
@@ -60,77 +64,93 @@ def num_correct_nnx(model, images, labels):
 
 
 def evaluate_nnx(model, data_iter, mesh):
-    """Accuracy of ``model`` in inference mode over ``data_iter``, batches sharded on ``mesh``."""
+    """Accuracy of ``model`` in inference mode, batches split over ``mesh``."""
     model.eval()
     metric = d2l.Accumulator(2)  # number correct, number of examples
     for X, y in data_iter:
-        metric.add(num_correct_nnx(model, *d2l.shard_batch(X, y, mesh)), y.size)
+        X, y = jax.device_put((X, y), NamedSharding(mesh, P("data")))
+        metric.add(num_correct_nnx(model, X, y), y.size)
     model.train()
     return metric[0] / metric[1]
 
 
 def train_nnx(model, data, num_devices, lr, num_epochs):
-    """Train ``model`` data parallel with SGD (momentum 0.9); plot and return the history."""
-    d2l.check_positive(lr=lr, num_epochs=num_epochs)
-    mesh = d2l.device_mesh((num_devices,))
+    """Train ``model`` data parallel (SGD with momentum); plot the accuracy."""
+    mesh = jax.make_mesh((num_devices,), ("data",), axis_types=(AxisType.Auto,))
+    replicated, split = NamedSharding(mesh, P()), NamedSharding(mesh, P("data"))
     optimizer = nnx.Optimizer(model, optax.sgd(lr, momentum=0.9), wrt=nnx.Param)
-    nnx.update((model, optimizer), d2l.shard(nnx.state((model, optimizer)), mesh))  # P()
-    animator = d2l.Animator("epoch", "test acc", xlim=[1, num_epochs], ylim=[0, 1])
+    state = jax.device_put(nnx.state((model, optimizer)), replicated)
+    nnx.update((model, optimizer), state)
+    animator = d2l.Animator("epoch", "test acc", xlim=[1, num_epochs])
     timer, history = d2l.Timer(), []
+    train_iter = data.get_dataloader(train=True, drop_last=True)
     for epoch in range(num_epochs):
         timer.start()
-        for X, y in data.get_dataloader(train=True, drop_last=True):
-            loss = nnx_train_step(model, optimizer, *d2l.shard_batch(X, y, mesh))
-        loss = float(loss)  # waits for the last step, so the timer sees all the work
+        for X, y in train_iter:
+            batch = jax.device_put((X, y), split)
+            loss = nnx_train_step(model, optimizer, *batch)
+        loss = float(loss)  # waits for the last step: the timer sees it all
         timer.stop()
         acc = evaluate_nnx(model, data.get_dataloader(train=False), mesh)
         animator.add(epoch + 1, acc)
-        history.append({"epoch": epoch + 1, "loss": loss, "test_acc": acc, "sec": timer.times[-1]})
-    print(f"test acc: {acc:.2f}, {timer.avg():.1f} sec/epoch on {d2l.describe(mesh.devices.flat)}")
+        history.append({"epoch": epoch + 1, "loss": loss, "test_acc": acc})
+    print(f"test acc: {acc:.2f}, {timer.avg():.1f} sec/epoch on "
+          f"{d2l.describe(mesh.devices.flat)}")
     return history
+
+
+def check_train_nnx(model, data, num_devices, lr, num_epochs):
+    """Raise a ValueError for a bad setting of ``train_nnx``, naming the fix."""
+    d2l.check_positive(lr=lr, num_epochs=num_epochs)
+    d2l.devices(num_devices)  # that many devices exist
+    batch = getattr(data, "batch_size", None)  # no training pass is spent on a check
+    if batch is None:
+        batch = len(next(iter(data.get_dataloader(train=False)))[0])
+    d2l.check_divisible(batch, num_devices)
 
 
 # ----- Classic: Flax Linen, TrainState and pmap -----
 
 class LinenCNN(nn.Module):
-    """The same CNN in Linen: layers declared inline; ``init`` returns the parameters."""
+    """The same CNN in Linen: layers declared inline; ``init`` makes them."""
 
     @nn.compact
     def __call__(self, x):
-        x = nn.avg_pool(nn.relu(nn.Conv(32, kernel_size=(3, 3))(x)), (2, 2), strides=(2, 2))
-        x = nn.avg_pool(nn.relu(nn.Conv(64, kernel_size=(3, 3))(x)), (2, 2), strides=(2, 2))
+        x = nn.avg_pool(nn.relu(nn.Conv(32, (3, 3))(x)), (2, 2), (2, 2))
+        x = nn.avg_pool(nn.relu(nn.Conv(64, (3, 3))(x)), (2, 2), (2, 2))
         x = x.reshape((x.shape[0], -1))  # flatten: (batch, 7 * 7 * 64)
         x = nn.relu(nn.Dense(256)(x))
         return nn.Dense(10)(x)
 
 
 def create_train_state(rng, learning_rate, momentum):
-    """A TrainState holding LinenCNN's parameters (drawn from ``rng``) and SGD with momentum."""
+    """A TrainState: LinenCNN's parameters from ``rng``, SGD with momentum."""
     cnn = LinenCNN()
     params = cnn.init(rng, jnp.ones([1, 28, 28, 1]))["params"]
     tx = optax.sgd(learning_rate, momentum)
-    return train_state.TrainState.create(apply_fn=cnn.apply, params=params, tx=tx)
+    return train_state.TrainState.create(apply_fn=cnn.apply, params=params,
+                                         tx=tx)
 
 
 def cross_entropy_loss(params, state, images, labels):
-    """Mean softmax cross-entropy of ``state``'s model with ``params``; returns (loss, logits)."""
+    """The mean cross-entropy of ``state``'s model; returns (loss, logits)."""
     logits = state.apply_fn({"params": params}, images)
-    loss = optax.softmax_cross_entropy_with_integer_labels(logits, labels).mean()
-    return loss, logits
+    losses = optax.softmax_cross_entropy_with_integer_labels(logits, labels)
+    return losses.mean(), logits
 
 
 @functools.partial(jax.pmap, axis_name="devices")
 def apply_model(state, images, labels):
-    """Gradients, loss and accuracy of each device's shard, averaged over all devices."""
+    """Each device's gradients, loss and accuracy, averaged over the devices."""
     grad_fn = jax.value_and_grad(cross_entropy_loss, has_aux=True)
     (loss, logits), grads = grad_fn(state.params, state, images, labels)
     accuracy = jnp.mean(jnp.argmax(logits, -1) == labels)
-    return lax.pmean((grads, loss, accuracy), axis_name="devices")  # the allreduce
+    return lax.pmean((grads, loss, accuracy), axis_name="devices")  # allreduce
 
 
 @jax.pmap
 def update_model(state, grads):
-    """The same SGD update on every device (the gradients are already averaged)."""
+    """The same SGD update on every device (the gradients are averaged)."""
     return state.apply_gradients(grads=grads)
 
 
@@ -143,21 +163,30 @@ def check_linen_layers(params, names):
 
 
 def cnn_from_linen(params):
-    """An NNX ``CNN`` holding ``LinenCNN``'s ``params``, matched layer by layer by name."""
-    layers = {"conv1": "Conv_0", "conv2": "Conv_1", "dense1": "Dense_0", "dense2": "Dense_1"}
-    d2l.check_linen_layers(params, layers.values())
-    model = nnx.eval_shape(lambda: CNN(rngs=nnx.Rngs(0)))  # the structure; no values drawn
-    nnx.update(model, {mine: dict(params[theirs]) for mine, theirs in layers.items()})
+    """An NNX ``CNN`` holding ``LinenCNN``'s ``params``, matched by name."""
+    layers = {"conv1": "Conv_0", "conv2": "Conv_1", "dense1": "Dense_0",
+              "dense2": "Dense_1"}
+    model = nnx.eval_shape(lambda: CNN(rngs=nnx.Rngs(0)))  # no values drawn
+    nnx.update(model, {new: dict(params[old]) for new, old in layers.items()})
     return model
+
+
+def check_cnn_from_linen(params):
+    """Raise a ValueError unless ``params`` has the layers of ``LinenCNN``."""
+    check_linen_layers(params, ("Conv_0", "Conv_1", "Dense_0", "Dense_1"))
 
 
 @jax.jit
 def jit_train_step(state, images, labels):
-    """One step of the classic TrainState under ``jit``; returns (state, loss, accuracy)."""
+    """The classic TrainState's step under ``jit``: (state, loss, accuracy)."""
     grad_fn = jax.value_and_grad(cross_entropy_loss, has_aux=True)
     (loss, logits), grads = grad_fn(state.params, state, images, labels)
     accuracy = jnp.mean(jnp.argmax(logits, -1) == labels)
     return state.apply_gradients(grads=grads), loss, accuracy
+
+
+train_nnx = validated(train_nnx, check_train_nnx)
+cnn_from_linen = validated(cnn_from_linen, check_cnn_from_linen)
 
 
 # ----- d2l's ResNet-18 in NNX (notebook 05b) -----

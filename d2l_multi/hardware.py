@@ -98,19 +98,45 @@ def choose_devices(accelerators, cpus):
     if accelerators:
         kind = accelerators[0].platform
         return cpus, (f"{len(cpus)} simulated CPU devices: with a single {kind.upper()} there "
-                      f"is nothing to split over (it stays available as "
-                      f"jax.devices({kind!r})[0])")
+                      f"is nothing to split over, so the CPU is JAX's default backend "
+                      f"(jax.devices() and jax.make_mesh use the CPU devices); the "
+                      f"{kind.upper()} stays available as jax.devices({kind!r})[0]")
     return cpus, f"{len(cpus)} CPU devices (no accelerator found)"
+
+
+def _accelerators():
+    """Every device that is not a CPU, whichever backend is JAX's default."""
+    jax = _jax()
+    from jax.extend import backend
+    return [d for name in backend.backends() if name != "cpu" for d in jax.devices(name)]
+
+
+def _cpu_first():
+    """Restart JAX's backends with the CPU as the default one, the accelerators after it.
+
+    Only before any array exists (restarting would invalidate it); returns whether it did.
+    """
+    jax = _jax()
+    from jax.extend import backend
+    if jax.live_arrays():
+        return False
+    others = [name for name in backend.backends() if name != "cpu"]
+    backend.clear_backends()
+    jax.config.update("jax_platforms", ",".join(["cpu", *others]))
+    return True
 
 
 def _chosen():
     global _choice
     if _choice is None:
         jax = _jax()
-        accelerators = [d for d in jax.devices() if d.platform != "cpu"]
+        accelerators = _accelerators()
         chosen, reason = choose_devices(accelerators, jax.devices("cpu"))
         if accelerators and chosen[0].platform == "cpu":
-            jax.config.update("jax_default_device", chosen[0])  # single-device work too
+            if _cpu_first():
+                chosen = jax.devices("cpu")    # the devices of the restarted backend
+            else:                              # arrays exist: keep them, move the default
+                jax.config.update("jax_default_device", chosen[0])
         _choice = chosen, reason
         print(f"d2l_multi: using {reason}")
     return _choice[0]
@@ -118,7 +144,7 @@ def _chosen():
 
 def num_gpus():
     """Return the number of accelerators (GPUs or TPUs); 0 on a CPU-only machine."""
-    return len([d for d in _jax().devices() if d.platform != "cpu"])
+    return len(_accelerators())
 
 
 def try_all_gpus():

@@ -1,16 +1,18 @@
 """Input pipelines with Grain's dataset API: an array data source, a shuffled, batched,
 per-process sharded pipeline whose position (the iterator state) can be saved and restored with
-a checkpoint, and whose state says which pipeline it belongs to."""
+a checkpoint, and whose state says which pipeline it belongs to. The public names check their
+arguments first (``d2l.validated``)."""
 import grain
 
 import d2l_multi as d2l
+
+from .utils import validated
 
 
 class ArraySource:
     """A Grain data source over two arrays: record ``i`` is ``(X[i], y[i])``."""
 
     def __init__(self, X, y):
-        d2l.check_labels(X, y)
         self.X, self.y = X, y
 
     def __len__(self):
@@ -19,13 +21,20 @@ class ArraySource:
     def __getitem__(self, index):
         return self.X[index], self.y[index]
 
-    def __repr__(self):  # part of the pipeline's description, which its states carry
+    def __repr__(self):  # part of the pipeline's description, in its states
         return (f"ArraySource(X={self.X.dtype}{list(self.X.shape)}, "
                 f"y={self.y.dtype}{list(self.y.shape)})")
 
 
+def _check_source(self, X, y):
+    d2l.check_labels(X, y)
+
+
+ArraySource.__init__ = validated(ArraySource.__init__, _check_source)
+
+
 class CheckedIterator(grain.DatasetIterator):
-    """An iterator whose state carries ``description`` and that refuses any other's state."""
+    """An iterator whose state names its pipeline; refuses other states."""
 
     def __init__(self, parent, description):
         super().__init__(parent)
@@ -40,8 +49,10 @@ class CheckedIterator(grain.DatasetIterator):
     def set_state(self, state):
         if state.get("pipeline") != self.description:
             raise ValueError(f"the iterator state was saved by the pipeline "
-                             f"{state.get('pipeline')}, not by this one ({self.description})")
-        self._parent.set_state({k: v for k, v in state.items() if k != "pipeline"})
+                             f"{state.get('pipeline')}, not by this one "
+                             f"({self.description})")
+        self._parent.set_state(
+            {k: v for k, v in state.items() if k != "pipeline"})
 
 
 class CheckedPipeline(grain.IterDataset):
@@ -69,18 +80,31 @@ def check_loader_inputs(num_records, count, batch_size, seed, num_epochs):
         d2l.check_positive(num_epochs=num_epochs)
 
 
-def grain_loader(source, batch_size, seed=0, num_epochs=None, shard_options=None):
-    """This process's batches of ``source``, reshuffled every epoch (num_epochs=None: forever)."""
-    if shard_options is None:
+def grain_loader(source, batch_size, seed=0, num_epochs=None,
+                 shard_options=None):
+    """This process's batches of ``source``, reshuffled every epoch."""
+    if shard_options is None:  # process p of P reads records p, p + P, ...
         shard_options = grain.sharding.ShardByJaxProcess(drop_remainder=True)
     count, index = shard_options.shard_count, shard_options.shard_index
-    d2l.check_loader_inputs(len(source), count, batch_size, seed, num_epochs)
-    stop = len(source) - len(source) % count if shard_options.drop_remainder else None
+    stop = (len(source) - len(source) % count  # equal shards: drop the rest
+            if shard_options.drop_remainder else None)
     dataset = (grain.MapDataset.source(source)
                .shuffle(seed=seed)       # a new order every epoch
                [index:stop:count]        # this process's shard of that order
-               .repeat(num_epochs)
+               .repeat(num_epochs)       # None: forever
                .batch(batch_size, drop_remainder=True))
     iterable = dataset.to_iter_dataset(grain.ReadOptions(num_threads=0))
-    return CheckedPipeline(iterable, f"{source!r}, seed={seed}, shard {index} of {count}, "
-                                     f"batch_size={batch_size}")
+    return CheckedPipeline(iterable, f"{source!r}, seed={seed}, shard {index} "
+                                     f"of {count}, batch_size={batch_size}")
+
+
+def check_grain_loader(source, batch_size, seed=0, num_epochs=None,
+                       shard_options=None):
+    """Raise a ValueError unless the arguments make a pipeline."""
+    if shard_options is None:
+        shard_options = grain.sharding.ShardByJaxProcess(drop_remainder=True)
+    d2l.check_loader_inputs(len(source), shard_options.shard_count, batch_size,
+                            seed, num_epochs)
+
+
+grain_loader = validated(grain_loader, check_grain_loader)

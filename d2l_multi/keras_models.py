@@ -8,40 +8,43 @@ import jax
 
 
 def keras_convnet():
-    """The convnet of Keras' JAX distributed-training guide, for 28x28x1 images in [0, 1]."""
+    """The convnet of Keras' guide to distributed training with JAX."""
     import keras
+    layers = keras.layers
     inputs = keras.Input(shape=(28, 28, 1))
-    x = keras.layers.Conv2D(12, 3, padding="same", use_bias=False)(inputs)
-    x = keras.layers.ReLU()(keras.layers.BatchNormalization(scale=False, center=True)(x))
-    x = keras.layers.Conv2D(24, 6, strides=2, use_bias=False)(x)
-    x = keras.layers.ReLU()(keras.layers.BatchNormalization(scale=False, center=True)(x))
-    x = keras.layers.Conv2D(32, 6, padding="same", strides=2)(x)
-    x = keras.layers.ReLU()(keras.layers.BatchNormalization(scale=False, center=True)(x))
-    x = keras.layers.GlobalAveragePooling2D()(x)
-    x = keras.layers.Dense(256, activation="relu")(x)
-    x = keras.layers.Dropout(0.5)(x)
-    outputs = keras.layers.Dense(10)(x)  # logits
+    x = layers.Conv2D(12, 3, padding="same", use_bias=False)(inputs)
+    x = layers.ReLU()(layers.BatchNormalization(scale=False, center=True)(x))
+    x = layers.Conv2D(24, 6, strides=2, use_bias=False)(x)
+    x = layers.ReLU()(layers.BatchNormalization(scale=False, center=True)(x))
+    x = layers.Conv2D(32, 6, padding="same", strides=2)(x)
+    x = layers.ReLU()(layers.BatchNormalization(scale=False, center=True)(x))
+    x = layers.GlobalAveragePooling2D()(x)
+    x = layers.Dense(256, activation="relu")(x)
+    x = layers.Dropout(0.5)(x)
+    outputs = layers.Dense(10)(x)  # logits
     return keras.Model(inputs, outputs)
 
 
 def keras_train_state(model, optimizer):
-    """The variables' values as JAX arrays: (trainable, non-trainable, optimizer variables)."""
+    """The values: (trainable, non-trainable, optimizer variables)."""
     optimizer.build(model.trainable_variables)
     return tuple([v.value for v in variables] for variables in (
-        model.trainable_variables, model.non_trainable_variables, optimizer.variables))
+        model.trainable_variables, model.non_trainable_variables,
+        optimizer.variables))
 
 
 def make_keras_train_step(model, loss_fn, optimizer):
-    """A jit-compiled stateless step, ``train_step(state, X, y) -> (loss, state)``."""
+    """A jitted stateless step, ``train_step(state, X, y) -> (loss, state)``."""
     def compute_loss(trainable, non_trainable, X, y):
-        y_pred, non_trainable = model.stateless_call(trainable, non_trainable, X, training=True)
+        y_pred, non_trainable = model.stateless_call(
+            trainable, non_trainable, X, training=True)
         return loss_fn(y, y_pred), non_trainable
 
     @jax.jit
     def train_step(state, X, y):
         trainable, non_trainable, optimizer_variables = state
-        (loss, non_trainable), grads = jax.value_and_grad(compute_loss, has_aux=True)(
-            trainable, non_trainable, X, y)
+        grad_fn = jax.value_and_grad(compute_loss, has_aux=True)
+        (loss, non_trainable), grads = grad_fn(trainable, non_trainable, X, y)
         trainable, optimizer_variables = optimizer.stateless_apply(
             optimizer_variables, grads, trainable)
         return loss, (trainable, non_trainable, optimizer_variables)
@@ -49,8 +52,8 @@ def make_keras_train_step(model, loss_fn, optimizer):
 
 
 def keras_assign_state(model, optimizer, state):
-    """Write a train state back into the Keras model and optimizer (to evaluate, save, ...)."""
-    variables = model.trainable_variables + model.non_trainable_variables + optimizer.variables
+    """Write a train state back into the Keras model and optimizer (a copy)."""
+    variables = (model.trainable_variables + model.non_trainable_variables
+                 + optimizer.variables)
     for variable, value in zip(variables, jax.tree.leaves(state)):
         variable.assign(jax.device_put(value, may_alias=False))  # a copy
-

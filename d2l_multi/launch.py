@@ -6,14 +6,19 @@ workers with ``D2L_MULTI_COORDINATOR_ADDRESS``, ``D2L_MULTI_NUM_PROCESSES``,
 ``d2l_multi.initialize_distributed()``), prefixes their output with ``[p0]``, ``[p1]``, ... and,
 as soon as one worker fails, stops the others and exits non-zero naming the one that died.
 Every wait is bounded: ``--timeout`` bounds the whole job, processes a worker leaves behind are
-killed, and a watchdog process kills the workers if the launcher itself dies.
+killed, and a watchdog process kills the workers if the launcher itself dies. SIGINT, SIGTERM
+and SIGHUP stop the workers (a second one skips the grace period). The coordinator listens on
+127.0.0.1 only, and every worker proves that it was started by this launch (a per-launch
+secret) before any data moves: see docs/multi_process.md for what a shared machine exposes.
 
     python -m d2l_multi launch --processes 2 --devices-per-process 4 -- \\
         python -m d2l_multi.mp_train --epochs 2
 """
+import hmac
 import math
 import os
 import re
+import secrets
 import shutil
 import signal
 import socket
@@ -24,7 +29,8 @@ import time
 
 from .cli import OneLineParser
 from .distributed import (COLLECTIVE_TIMEOUT_ENV, COORDINATOR_ENV, DEVICES_PER_PROCESS_ENV,
-                          HEARTBEAT_TIMEOUT_ENV, NUM_PROCESSES_ENV, PROCESS_ID_ENV)
+                          HEARTBEAT_TIMEOUT_ENV, LAUNCHER_PID_ENV, NUM_PROCESSES_ENV,
+                          PROCESS_ID_ENV, SECRET_ENV)
 
 HOST = "127.0.0.1"        # workers talk over loopback only; a multi-host job uses its cluster
 # gloo prints "[Gloo] Rank i is connected to N peer ranks. Expected number of connected peer
@@ -89,11 +95,12 @@ _VALUED = {"--processes", "-n", "--devices-per-process", "--port", "--heartbeat-
 
 
 def split_command(argv):
-    """Split ``[options] -- COMMAND ...`` into the launcher's options and the command."""
-    if "--" in argv:
-        i = argv.index("--")
-        return argv[:i], argv[i + 1:]
-    for i, arg in enumerate(argv):  # no "--": the command starts at the first non-option
+    """Split ``[options] [--] COMMAND ...`` into the launcher's options and the command: it
+    starts after a '--' that comes first, or at the first word that is not an option (so the
+    command's own '--' stays with it)."""
+    for i, arg in enumerate(argv):
+        if arg == "--":
+            return argv[:i], argv[i + 1:]
         if not arg.startswith("-") and (i == 0 or argv[i - 1] not in _VALUED):
             return argv[:i], argv[i:]
     return argv, []
@@ -171,9 +178,13 @@ def command_problem(command):
     return None
 
 
+_KEY = secrets.token_bytes(32)  # this process's key to the secrets of the launches it starts
+
+
 def job_env(process_id, num_processes, devices_per_process, port, heartbeat_timeout=10,
             collective_timeout=120):
-    """The variables the launcher sets for worker ``process_id`` of the job."""
+    """The variables the launcher sets for worker ``process_id`` of the job on ``port``. The
+    job's secret is derived from the port and a key that only this process holds."""
     _whole("num_processes", num_processes, 1, MAX_PROCESSES)
     _whole("process_id", process_id, 0, num_processes - 1)
     _whole("devices_per_process", devices_per_process, 1)
@@ -186,6 +197,8 @@ def job_env(process_id, num_processes, devices_per_process, port, heartbeat_time
             DEVICES_PER_PROCESS_ENV: str(devices_per_process),
             HEARTBEAT_TIMEOUT_ENV: str(heartbeat_timeout),
             COLLECTIVE_TIMEOUT_ENV: str(collective_timeout),
+            SECRET_ENV: hmac.new(_KEY, str(port).encode(), "sha256").hexdigest()[:32],
+            LAUNCHER_PID_ENV: str(os.getpid()),
             "JAX_NUM_CPU_DEVICES": str(devices_per_process),
             "PYTHONUNBUFFERED": "1"}  # so lines arrive as they are printed
 
@@ -241,12 +254,14 @@ class Watchdog:
             _log(f"the watchdog has ended ({e.strerror}); workers may outlive a killed "
                  f"launcher")
 
-    def release(self):
-        """The workers have ended: let the watchdog exit without killing anything."""
-        try:
-            os.write(self._write, b"done\n")
-        except OSError:
-            pass
+    def close(self, release):
+        """Let the watchdog exit: without killing anything (``release``: every worker has
+        ended), or after killing every worker's process group (some may be left)."""
+        if release:
+            try:
+                os.write(self._write, b"done\n")
+            except OSError:
+                pass
         os.close(self._write)
         try:
             self.proc.wait(timeout=5)
@@ -255,9 +270,11 @@ class Watchdog:
             self.proc.wait()
 
 
-def stream(proc, prefix, lock, verbose=False, out=None, on_line=None):
+def stream(proc, prefix, lock, verbose=False, out=None, on_line=None, closed=None):
     """Copy ``proc``'s output line by line to ``out`` (stdout), each line after ``prefix``;
-    call ``on_line(line)`` for every line shown."""
+    call ``on_line(line)`` for every line shown. When ``out``'s reader has gone (a closed pipe,
+    as after ``| head``), set the event ``closed`` and keep reading, so the worker never
+    blocks on a full pipe."""
     out = out or sys.stdout
     for raw in iter(proc.stdout.readline, b""):
         line = raw.decode("utf-8", errors="replace").rstrip("\n")
@@ -265,9 +282,17 @@ def stream(proc, prefix, lock, verbose=False, out=None, on_line=None):
             line = drop_gloo_chatter(line)
             if not line.strip():
                 continue
+        if closed is not None and closed.is_set():
+            continue
         with lock:
-            out.write(f"{prefix} {line}\n")
-            out.flush()
+            try:
+                out.write(f"{prefix} {line}\n")
+                out.flush()
+            except BrokenPipeError:
+                if closed is None:
+                    raise
+                closed.set()
+                continue
         if on_line is not None:
             on_line(line)
     proc.stdout.close()
@@ -301,8 +326,18 @@ def _group_alive(proc):
         return False
 
 
-def stop_workers(procs, grace_period):
-    """SIGTERM every worker's process group, wait ``grace_period``, then SIGKILL the rest.
+def _stopped(proc):
+    """True while ``proc`` is stopped (SIGSTOP, Ctrl-Z), read from /proc."""
+    try:
+        with open(f"/proc/{proc.pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] in ("T", "t")
+    except (OSError, IndexError):
+        return False
+
+
+def stop_workers(procs, grace_period, hurry=lambda: False):
+    """SIGTERM every worker's process group, wait ``grace_period`` (cut short when ``hurry()``
+    turns true), then SIGKILL the rest; return the workers whose process group is still there.
 
     JAX workers catch SIGTERM as a preemption notice and keep running, so the SIGKILL that
     follows is what usually ends them; the grace period lets other programs clean up.
@@ -310,7 +345,7 @@ def stop_workers(procs, grace_period):
     for p in procs:
         _signal_group(p, signal.SIGTERM)
     deadline = time.monotonic() + grace_period
-    while time.monotonic() < deadline and any(p.poll() is None for p in procs):
+    while time.monotonic() < deadline and any(p.poll() is None for p in procs) and not hurry():
         time.sleep(0.05)
     for p in procs:
         _signal_group(p, signal.SIGKILL)  # also any children the worker left behind
@@ -319,28 +354,52 @@ def stop_workers(procs, grace_period):
             p.wait(timeout=10)
         except subprocess.TimeoutExpired:
             _log(f"p{i} (pid {p.pid}) did not end 10 s after SIGKILL; giving up on it")
+    deadline = time.monotonic() + 5  # the killed group's other members are reaped by others
+    while time.monotonic() < deadline and any(_group_alive(p) for p in procs):
+        time.sleep(0.05)
+    return [p for p in procs if _group_alive(p)]
 
 
 def _log(message):
-    sys.stderr.write(f"[launch] {message}\n")  # one write: lines of workers cannot cut it
-    sys.stderr.flush()
+    try:
+        sys.stderr.write(f"[launch] {message}\n")  # one write: lines of workers cannot cut it
+        sys.stderr.flush()
+    except OSError:  # nobody reads the launcher's messages any more
+        pass
 
 
-class _Terminated(Exception):
-    pass
+class _Signals:
+    """SIGINT, SIGTERM and SIGHUP to the launcher, recorded in ``received`` instead of raised,
+    so that no clean-up is cut short (only the main thread can receive them)."""
+    STOP = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 
+    def __init__(self):
+        self.received, self._old = [], {}
 
-def _raise_terminated(signum, frame):
-    raise _Terminated(signal.Signals(signum).name)
+    def __enter__(self):
+        if threading.current_thread() is threading.main_thread():
+            self._old = {s: signal.signal(s, self._record) for s in self.STOP}
+        return self
+
+    def _record(self, signum, frame):
+        self.received.append(signum)
+
+    def __exit__(self, *exc):
+        for s, handler in self._old.items():
+            signal.signal(s, handler)
+
+    def since(self, count):
+        """A function telling whether more than ``count`` signals have come."""
+        return lambda: len(self.received) > count
 
 
 class _Worker:
     """A started worker: its process, its output thread and its last line of output."""
 
-    def __init__(self, index, proc, lock, verbose):
+    def __init__(self, index, proc, lock, verbose, closed):
         self.index, self.proc, self.last, self.last_time = index, proc, None, None
         self.thread = threading.Thread(target=stream, daemon=True, args=(
-            proc, f"[p{index}]", lock, verbose, None, self._saw))
+            proc, f"[p{index}]", lock, verbose, None, self._saw, closed))
         self.thread.start()
 
     def _saw(self, line):
@@ -348,6 +407,12 @@ class _Worker:
 
     def __str__(self):
         return f"p{self.index} (pid {self.proc.pid})"
+
+    def state(self):
+        """'still running', 'stopped (SIGSTOP or Ctrl-Z)' or how it ended."""
+        if self.proc.poll() is None:
+            return "stopped (SIGSTOP or Ctrl-Z)" if _stopped(self.proc) else "still running"
+        return describe_exit(self.proc.returncode)
 
     def describe_output(self, now):
         if self.last is None:
@@ -385,68 +450,101 @@ def _report_timeout(workers, timeout):
     _log(f"timed out: the job did not finish within --timeout {timeout:g} s; still running: "
          f"{', '.join(str(w) for w in running) or 'none'}")
     for w in workers:
-        state = "still running" if w in running else describe_exit(w.proc.returncode)
-        _log(f"  {w} {state}, {w.describe_output(now)}")
+        _log(f"  {w} {w.state()}, {w.describe_output(now)}")
     if running:
         silent = min(running, key=lambda w: (w.last_time is not None, w.last_time or 0))
         _log(f"  the job waits on {silent}: it has been silent longest "
              f"({silent.describe_output(now)})")
 
 
-def _supervise(command, processes, env_of, grace_period, timeout, verbose, watchdog):
-    """Start the workers and wait for the job; return the exit status. Stops every worker
-    before it returns or raises."""
-    lock, workers, start = threading.Lock(), [], time.monotonic()
+def _stop(workers, grace_period, signals, expected=0):
+    """Stop every worker and wait for their output; a signal beyond the ``expected`` ones
+    skips the rest of the grace period. Return the workers that could not be stopped."""
+    left = stop_workers([w.proc for w in workers], grace_period, signals.since(expected))
+    _join_output(workers, 5)
+    return [w for w in workers if w.proc in left]
+
+
+def _interrupted(workers, grace_period, signals):
+    name = signal.Signals(signals.received[0]).name
+    _log(f"interrupted by {name}: stopping the workers (another signal skips the grace "
+         f"period)")
+    left = _stop(workers, grace_period, signals, expected=1)
+    _log(f"could not stop {', '.join(map(str, left))}" if left else
+         f"stopped all {len(workers)} worker(s)")
+    return 128 + signals.received[0]
+
+
+def _report_failure(workers, first, elapsed, grace_period, signals):
+    code = first.proc.returncode
+    paused = [w for w in workers if w is not first and _stopped(w.proc)]
+    _log(f"worker {first} failed after {elapsed:.1f} s: {describe_exit(code)}; stopping the "
+         f"others")
+    running = [w for w in workers if w.proc.poll() is None]
+    _stop(workers, grace_period, signals)
+    for w in workers:
+        if w is not first:
+            how = "stopped by the launcher" if w in running else "ended on its own"
+            _log(f"  {w} {how}: {describe_exit(w.proc.returncode)}")
+    cause = ""
+    if paused:
+        cause = (f", after {', '.join(f'p{w.index}' for w in paused)} had been stopped (SIGSTOP "
+                 f"or Ctrl-Z): a stopped worker sends no heartbeat, so its peers count it dead")
+    _log(f"FAILED: worker p{first.index} died first ({describe_exit(code)}){cause}")
+    return code if code > 0 else 128 - code
+
+
+def _supervise(command, processes, env_of, grace_period, timeout, verbose, watchdog, signals,
+               workers):
+    """Start the workers (into ``workers``) and wait for the job; return the exit status.
+    Stops every worker before it returns or raises."""
+    lock, closed, start = threading.Lock(), threading.Event(), time.monotonic()
     try:
         for i in range(processes):
             try:
                 proc = start_worker(command, env_of(i))
             except OSError as e:
                 _log(f"cannot start {command[0]!r}: {e.strerror}; check the command after '--'")
-                stop_workers([w.proc for w in workers], 0)
+                _stop(workers, 0, signals)
                 return 127
             watchdog.watch(proc.pid)
-            workers.append(_Worker(i, proc, lock, verbose))
+            workers.append(_Worker(i, proc, lock, verbose, closed))
         _log("started " + ", ".join(f"p{w.index} (pid {w.proc.pid})" for w in workers))
         while True:
+            if signals.received:
+                return _interrupted(workers, grace_period, signals)
+            if closed.is_set():
+                _log("the reader of the output has gone (a closed pipe, as after '| head'); "
+                     "stopping the workers")
+                _stop(workers, grace_period, signals)
+                os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+                return 128 + signal.SIGPIPE
             codes = [w.proc.poll() for w in workers]
             failed = [w for w, c in zip(workers, codes) if c not in (None, 0)]
             if failed or all(c == 0 for c in codes):
                 break
             if timeout is not None and time.monotonic() - start > timeout:
                 _report_timeout(workers, timeout)
-                stop_workers([w.proc for w in workers], grace_period)
-                _join_output(workers, 5)
+                _stop(workers, grace_period, signals)
                 _log(f"FAILED: stopped by --timeout {timeout:g} s")
                 return TIMEOUT_STATUS
             time.sleep(0.05)
     except BaseException:
-        stop_workers([w.proc for w in workers], grace_period)
+        _stop(workers, grace_period, signals)
         raise
     elapsed = time.monotonic() - start
-    if not failed:
-        _clean_up_after_success(workers, grace_period)
-        _log(f"all {processes} worker(s) finished OK in {elapsed:.1f} s")
-        return 0
-    first = failed[0]
-    code = first.proc.returncode
-    _log(f"worker {first} failed after {elapsed:.1f} s: {describe_exit(code)}; stopping the "
-         f"others")
-    running = [w for w in workers if w.proc.poll() is None]
-    stop_workers([w.proc for w in workers], grace_period)
-    _join_output(workers, 5)
-    for w in workers:
-        if w is not first:
-            how = "stopped by the launcher" if w in running else "ended on its own"
-            _log(f"  {w} {how}: {describe_exit(w.proc.returncode)}")
-    _log(f"FAILED: worker p{first.index} died first ({describe_exit(code)})")
-    return code if code > 0 else 128 - code
+    if failed:
+        return _report_failure(workers, failed[0], elapsed, grace_period, signals)
+    _clean_up_after_success(workers, grace_period)
+    _log(f"all {processes} worker(s) finished OK in {elapsed:.1f} s")
+    return 0
 
 
 def run(command, processes, devices_per_process, port=None, heartbeat_timeout=10,
         collective_timeout=120, grace_period=2.0, verbose=False, timeout=None):
     """Run ``command`` as ``processes`` workers; return 0, the failing worker's code, 124
-    after ``timeout`` seconds, or 130 when interrupted."""
+    after ``timeout`` seconds, 128 + the signal when interrupted (130 for Ctrl-C), or 141 when
+    the reader of the output has gone."""
     check_settings(processes, devices_per_process, port, heartbeat_timeout, collective_timeout,
                    grace_period, timeout)
     if not command:
@@ -457,22 +555,17 @@ def run(command, processes, devices_per_process, port=None, heartbeat_timeout=10
         command = [sys.executable, *command]
     _log(f"{processes} process(es) x {devices_per_process} device(s), coordinator "
          f"{HOST}:{port}: {' '.join(command)}")
+
     def env_of(i):
         return worker_env(i, processes, devices_per_process, port, heartbeat_timeout,
                           collective_timeout)
-    in_main = threading.current_thread() is threading.main_thread()
-    stop_on = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
-    old = {s: signal.signal(s, _raise_terminated) for s in stop_on} if in_main else {}
-    watchdog = Watchdog()
+    workers, watchdog = [], Watchdog()
     try:
-        return _supervise(command, processes, env_of, grace_period, timeout, verbose, watchdog)
-    except (KeyboardInterrupt, _Terminated) as e:
-        _log(f"interrupted ({e or 'SIGINT'}); stopped all workers")
-        return 130
-    finally:
-        watchdog.release()
-        for s, handler in old.items():
-            signal.signal(s, handler)
+        with _Signals() as signals:
+            return _supervise(command, processes, env_of, grace_period, timeout, verbose,
+                              watchdog, signals, workers)
+    finally:  # the watchdog kills what is left, unless every worker's group is gone
+        watchdog.close(release=not any(_group_alive(w.proc) for w in workers))
 
 
 def main(argv=None):

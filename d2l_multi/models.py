@@ -57,7 +57,14 @@ def lenet(params, X):
 def loss_fn(params, X, y):
     """Mean softmax cross-entropy of LeNet's logits against integer labels."""
     logits = lenet(params, X)
-    return optax.softmax_cross_entropy_with_integer_labels(logits, y).mean()
+    return optax.softmax_cross_entropy(logits, jax.nn.one_hot(y, 10)).mean()
+
+
+def _check_loss_inputs(params, X, y):
+    d2l.check_labels(X, y, num_classes=jnp.shape(jax.tree.leaves(params)[-1])[-1])
+
+
+loss_fn = d2l.validated(loss_fn, _check_loss_inputs)
 
 
 

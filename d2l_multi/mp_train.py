@@ -15,9 +15,13 @@ Checkpoints are labelled by the global step and written by all processes togethe
 writes its shards, process 0 commits), so a crash mid-save never leaves a checkpoint that looks
 complete. The order of the data is a function of (seed, epoch), so a step says where the run
 is: epoch ``step // steps_per_epoch``, batch ``step % steps_per_epoch`` of it. ``--resume``
-continues exactly there, with any number of processes.
+continues exactly there, with any number of processes, after checking that the checkpoint was
+written with the same batch size, training set, learning rate and seed. One run at a time
+uses an ``--out`` (process 0 holds ``OUT/.lock``). SIGTERM (a preemption notice) saves a
+checkpoint at the next step all processes reach, then ends the run with status 143.
 """
 import contextlib
+import fcntl
 import functools
 import itertools
 import json
@@ -37,7 +41,7 @@ from d2l_multi.cli import OneLineParser, positive, save_atomic, writable_dir
 
 PROG = "python -m d2l_multi.mp_train"
 TRAIN_SIZE, TEST_SIZE = 60_000, 10_000  # Fashion-MNIST's training and test examples
-SEED = 0  # the initial parameters and the order of the data are functions of it
+SEED = 0  # the default seed: the initial parameters and the order of the data
 LR = 0.2
 
 
@@ -49,6 +53,8 @@ def parser():
     p.add_argument("--batch-size", type=positive(int), default=256,
                    help="global batch size, a multiple of the number of devices (256)")
     p.add_argument("--lr", type=positive(float), default=LR, help=f"learning rate ({LR})")
+    p.add_argument("--seed", type=int, default=SEED,
+                   help=f"seed of the initial parameters and the order of the data ({SEED})")
     p.add_argument("--num-train", type=positive(int), default=None,
                    help=f"training examples (default all {TRAIN_SIZE}; 1024 in smoke mode)")
     p.add_argument("--num-val", type=positive(int), default=None,
@@ -74,6 +80,7 @@ class Plan:
 
     def __init__(self, args):
         _check_numbers(args)
+        _check_seed(args.seed)
         self.epochs = d2l.pick(10, 1) if args.epochs is None else args.epochs
         self.batch_size = args.batch_size
         asked = d2l.pick(None, 1024) if args.num_train is None else args.num_train
@@ -125,6 +132,11 @@ def _check_numbers(args):
             raise ValueError(f"--{option.replace('_', '-')} must be {what} > 0, got {value!r}")
 
 
+def _check_seed(seed):
+    if isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed < 2**31:
+        raise ValueError(f"--seed must be a whole number from 0 to {2**31 - 1}, got {seed!r}")
+
+
 def _examples(option, asked, available, smoke_size):
     """How many examples a run uses when ``asked`` (None: all ``available``)."""
     if asked is not None and asked > available:
@@ -166,25 +178,29 @@ def init_params(mesh, seed=SEED):
     return init()
 
 
-def _replicated(mesh, value):
-    """An int32 scalar held by every device of ``mesh``."""
+def _replicated(mesh, value, dtype=np.int32):
+    """A scalar held by every device of ``mesh``."""
     return jax.make_array_from_process_local_data(NamedSharding(mesh, P()),
-                                                  np.asarray(value, np.int32))
+                                                  np.asarray(value, dtype))
 
 
-def train_state(params, step, mesh, plan):
-    """What a checkpoint holds: the parameters, the global step, and the two sizes that
-    decide which data a step means (the batch size and the number of training examples)."""
+def train_state(params, step, mesh, plan, args):
+    """What a checkpoint holds: the parameters, the global step, and the settings that decide
+    what the next steps do (the batch size, the training set and the seed decide which data a
+    step means; the learning rate, how far it moves)."""
     return {"params": params, "step": _replicated(mesh, step),
+            "lr": _replicated(mesh, args.lr, np.float32),
             "data": {"batch_size": _replicated(mesh, plan.batch_size),
-                     "num_train": _replicated(mesh, plan.num_train)}}
+                     "num_train": _replicated(mesh, plan.num_train),
+                     "seed": _replicated(mesh, args.seed)}}
 
 
 def abstract_state(mesh):
     """The restore target of ``train_state``: shapes, dtypes, replicated over ``mesh``."""
     scalar = jax.ShapeDtypeStruct((), jnp.int32)
     shapes = {"params": jax.eval_shape(lambda: d2l.init_lenet_params(jax.random.key(0))),
-              "step": scalar, "data": {"batch_size": scalar, "num_train": scalar}}
+              "step": scalar, "lr": jax.ShapeDtypeStruct((), jnp.float32),
+              "data": {"batch_size": scalar, "num_train": scalar, "seed": scalar}}
     return d2l.abstract_like(shapes, mesh, jax.tree.map(lambda _: P(), shapes))
 
 
@@ -225,9 +241,19 @@ def _earlier_log(path, step):
         return []
 
 
+def _differences(state, args, plan):
+    """The settings of this run that differ from those the checkpoint was written with."""
+    saved = {"--batch-size": int(state["data"]["batch_size"]),
+             "training examples": int(state["data"]["num_train"]),
+             "--seed": int(state["data"]["seed"]), "--lr": float(state["lr"])}
+    asked = {"--batch-size": args.batch_size, "training examples": plan.num_train,
+             "--seed": args.seed, "--lr": float(np.float32(args.lr))}
+    return [f"{k} {saved[k]:g} (this run: {asked[k]:g})" for k in saved if saved[k] != asked[k]]
+
+
 def _start(args, plan, mesh, checkpoints):
     """The parameters and the global step to start from: a fresh run or, with --resume, the
-    latest checkpoint (after checking it was written with the same data sizes)."""
+    latest checkpoint (after checking it was written with this run's settings)."""
     steps = d2l.saved_steps(checkpoints) if checkpoints else []
     if steps and not args.resume:
         raise ValueError(f"{checkpoints} already holds checkpoints (steps {steps}); pass "
@@ -239,27 +265,62 @@ def _start(args, plan, mesh, checkpoints):
     if not steps:
         if args.resume:
             log(f"no checkpoint in {checkpoints}: starting from step 0")
-        return init_params(mesh), 0
+        return init_params(mesh, args.seed), 0
     try:
-        state = d2l.restore_checkpoint(checkpoints, abstract_state(mesh))
+        state = d2l.restore_checkpoint(checkpoints, abstract_state(mesh), step=steps[-1])
     except d2l.CheckpointError as e:
-        cause = e.__cause__
         back = f"step {steps[-2]}" if len(steps) > 1 else "step 0"
         raise d2l.CheckpointError(
-            f"the latest checkpoint {checkpoints / str(steps[-1])} is damaged "
-            f"({type(cause).__name__}: {str(cause)[:200]}); delete that folder to resume from "
-            f"{back}, or pass another --out") from e
-    saved = {k: int(v) for k, v in state["data"].items()}
-    if saved != {"batch_size": args.batch_size, "num_train": plan.num_train}:
-        raise ValueError(f"{checkpoints} was written with --batch-size {saved['batch_size']} "
-                         f"and {saved['num_train']} training examples, so its steps mean other "
-                         f"batches than with --batch-size {args.batch_size} and "
-                         f"{plan.num_train}; resume with the same sizes, or pass another --out")
+            f"the latest checkpoint {checkpoints / str(steps[-1])} cannot be used ({e}); "
+            f"delete that folder to resume from {back}, or pass another --out") from e
+    differences = _differences(state, args, plan)
+    if differences:
+        raise ValueError(f"{checkpoints} was written with {', '.join(differences)}, so its "
+                         f"steps do not continue this run; resume with the settings it was "
+                         f"written with, or pass another --out")
     step = int(state["step"])
     epoch, batch = divmod(step, plan.steps_per_epoch)
     log(f"resumed from the checkpoint of step {step} (epoch {epoch + 1}, batch {batch} of "
         f"{plan.steps_per_epoch})")
     return state["params"], step
+
+
+@contextlib.contextmanager
+def _only_run(out):
+    """Hold ``OUT/.lock`` (process 0, for the whole run): a second run on the same --out is
+    refused instead of replacing this run's checkpoints and log."""
+    if out is None or jax.process_index() != 0:
+        yield
+        return
+    out.mkdir(parents=True, exist_ok=True)
+    with open(out / ".lock", "a") as lock:
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise BlockingIOError(f"--out {out} is in use by another run; wait until it ends, "
+                                  f"or pass another --out") from None
+        yield
+
+
+class Preempted(Exception):
+    """The run got SIGTERM, saved where it was and stopped."""
+
+
+@contextlib.contextmanager
+def _preemption():
+    """A function ``preempted(step)``: True at the step where the run must save and stop
+    after a SIGTERM. In a job, JAX turns SIGTERM into a step that every process reaches
+    (``reached_preemption_sync_point``); alone, it is the next step."""
+    if jax.distributed.is_initialized():
+        from jax.experimental import multihost_utils
+        yield multihost_utils.reached_preemption_sync_point
+        return
+    received = []
+    old = signal.signal(signal.SIGTERM, lambda *_: received.append(True))
+    try:
+        yield lambda step: bool(received)
+    finally:
+        signal.signal(signal.SIGTERM, old)
 
 
 def load_data(args, plan=None):
@@ -271,12 +332,20 @@ def load_data(args, plan=None):
 def train(args, data=None):
     """Train on every device of every process; return (params, history of this run)."""
     plan = Plan(args)
-    mesh, is_main = data_mesh(), jax.process_index() == 0
     d2l.check_divisible(args.batch_size, jax.device_count(), "--batch-size",
                         f"devices ({jax.process_count()} process(es))")
-    checkpoints = args.out / "checkpoints" if args.out is not None else None
     data = data or load_data(args, plan)
+    with _only_run(args.out):
+        return _train(args, plan, data)
+
+
+def _train(args, plan, data):
+    mesh, is_main = data_mesh(), jax.process_index() == 0
+    checkpoints = args.out / "checkpoints" if args.out is not None else None
     params, step = _start(args, plan, mesh, checkpoints)
+    waits = (d2l.launcher_settings() or {}).get("collective_timeout")  # a save's, too
+    manager = (d2l.checkpoint_manager(checkpoints, max_to_keep=2, timeout=waits) if checkpoints
+               else contextlib.nullcontext())
     if args.out is not None:
         writable_dir(args.out)
     earlier = _earlier_log(args.out / "log.json", step) if args.out and is_main else []
@@ -286,16 +355,14 @@ def train(args, data=None):
                                 xlim=[1, max(plan.epochs, 2)])
         for row in earlier:
             animator.add(row["epoch"], (row["train_loss"], row["test_acc"]))
-    manager = (d2l.checkpoint_manager(checkpoints, max_to_keep=2) if checkpoints
-               else contextlib.nullcontext())
     history, timer, first = [], d2l.Timer(), True
-    with manager:
+    with manager, _preemption() as preempted:
         while step < plan.last_step:
             epoch, position = divmod(step, plan.steps_per_epoch)
             timer.start()
             losses = []
             batches = d2l.process_batches(*data.train, args.batch_size, shuffle=True,
-                                          seed=SEED, epoch=epoch)
+                                          seed=args.seed, epoch=epoch)
             for X, y, _ in itertools.islice(batches, position, None):
                 Xg, yg = d2l.global_batch(mesh, X, y)
                 if first:
@@ -318,10 +385,18 @@ def train(args, data=None):
                     log(f"process {jax.process_index()}: crashing on purpose at step {step}",
                         everyone=True)
                     os.kill(os.getpid(), signal.SIGKILL)
-                if checkpoints and (step % plan.save_every == 0 or step == plan.last_step):
+                stop = preempted(step)
+                if checkpoints and (stop or step % plan.save_every == 0 or
+                                    step == plan.last_step):
                     d2l.check_finite(params, f"the parameters of step {step}")
-                    d2l.save_checkpoint(manager, step, train_state(params, step, mesh, plan))
-                    manager.wait_until_finished()  # committed before the next step
+                    d2l.save_checkpoint(manager, step,
+                                        train_state(params, step, mesh, plan, args))
+                    d2l.wait_for_saves(manager)  # committed before the next step
+                if stop:
+                    saved = f"saved the checkpoint of step {step}" if checkpoints else \
+                        f"stopped at step {step} (no --out: nothing saved)"
+                    raise Preempted(f"SIGTERM (a preemption notice): {saved}; run again with "
+                                    f"--resume to continue")
                 if step >= plan.last_step:
                     break
             sec = timer.stop()
@@ -358,7 +433,11 @@ def _main(argv):
     log(f"process {process} of {num_processes}: {jax.local_device_count()} local "
         f"{jax.default_backend()} devices of {jax.device_count()} (pid {os.getpid()})",
         everyone=True)
-    train(args, data)
+    try:
+        train(args, data)
+    except Preempted as e:
+        log(f"process {process}: {e}", everyone=True)
+        return 128 + signal.SIGTERM
     return 0
 
 

@@ -4,6 +4,7 @@ import functools
 import math
 
 import jax
+import numpy as np
 from jax import lax
 
 import d2l_multi as d2l
@@ -20,11 +21,20 @@ def check_divisible(size, parts, what="batch size", over="devices"):
                          f"use a multiple of {parts}, e.g. {options}")
 
 
-def check_labels(X, y):
-    """Raise a ValueError unless ``y`` holds one label per example of ``X``."""
+def check_labels(X, y, num_classes=None):
+    """Raise a ValueError unless ``y`` holds one label per example of ``X``, and (labels held
+    in a NumPy array) each a class index from 0 (below ``num_classes`` if given): JAX takes
+    an index out of range for another class without a word."""
     if len(X) != len(y):
         raise ValueError(f"X has {len(X)} examples but y has {len(y)} labels; pass one "
                          f"label per example")
+    if not (isinstance(y, np.ndarray) and y.size and np.issubdtype(y.dtype, np.number)):
+        return
+    low, high = y.min(), y.max()
+    if low < 0 or (num_classes is not None and high >= num_classes):
+        valid = "0 up" if num_classes is None else f"0 to {num_classes - 1}"
+        raise ValueError(f"y holds the label {low if low < 0 else high}, but labels are class "
+                         f"indices from {valid}; JAX would take it for another class")
 
 
 def split_batch(X, y, num_devices):

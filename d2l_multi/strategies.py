@@ -1,65 +1,85 @@
-"""Parallelism strategies as sharding rules: data parallelism, fully-sharded data parallelism
-(FSDP), tensor parallelism (TP) and their mixes differ only in the rules that map the logical
-axes of ``TransformerLM`` to a 2-D ``('data', 'model')`` mesh; one training step for all of
-them, and the idle time of a pipeline."""
+"""Parallelism strategies as sharding rules: data parallelism, fully-sharded
+data parallelism (FSDP), tensor parallelism (TP) and their mixes differ only in
+the rules that map the logical axes of ``TransformerLM`` to a 2-D
+``('data', 'model')`` mesh of 8 devices; one training step for all of them.
+
+The shown functions carry no argument checks; their public names check first
+(``d2l.validated``), so bad input gets a message naming the fix."""
 import jax
 import numpy as np
 from flax import nnx
 from jax.sharding import NamedSharding, PartitionSpec as P
 
 import d2l_multi as d2l
+from .utils import validated
 
-LOGICAL_AXES = ("batch", "embed", "heads", "mlp", "vocab")  # the names TransformerLM uses
+LOGICAL_AXES = ("batch", "embed", "heads", "mlp", "vocab")  # TransformerLM's
 
-STRATEGIES = {  # name: (mesh shape over ('data', 'model'), -1 = the remaining devices;
-                #        logical axis -> mesh axis; the logical axes not named are replicated)
-    "dp": ((-1, 1), {"batch": "data"}),
-    "fsdp": ((-1, 1), {"batch": "data", "embed": "data"}),
-    "tp": ((1, -1), {"heads": "model", "mlp": "model", "vocab": "model"}),
-    "dp+tp": ((2, -1), {"batch": "data", "heads": "model", "mlp": "model", "vocab": "model"}),
-    "fsdp+tp": ((2, -1), {"batch": "data", "embed": "data",
-                          "heads": "model", "mlp": "model", "vocab": "model"}),
+STRATEGIES = {  # name: (mesh shape over ('data', 'model'), rules: logical
+                #        axis -> mesh axis; the axes not named are replicated)
+    "dp": ((8, 1), {"batch": "data"}),
+    "fsdp": ((8, 1), {"batch": "data", "embed": "data"}),
+    "tp": ((1, 8), {"heads": "model", "mlp": "model", "vocab": "model"}),
+    "dp+tp": ((2, 4), {"batch": "data",
+                       "heads": "model", "mlp": "model", "vocab": "model"}),
+    "fsdp+tp": ((2, 4), {"batch": "data", "embed": "data",
+                         "heads": "model", "mlp": "model", "vocab": "model"}),
 }
 
 
 def sharding_rules(strategy):
-    """The mesh shape and the complete rules (None = replicated) of one of ``STRATEGIES``."""
-    if strategy not in STRATEGIES:
-        raise ValueError(f"unknown strategy {strategy!r}; use one of {list(STRATEGIES)}")
+    """The mesh shape and the complete rules (None = replicated) of one of
+    ``STRATEGIES``."""
     shape, rules = STRATEGIES[strategy]
     return shape, {axis: rules.get(axis) for axis in LOGICAL_AXES}
 
 
 def reshard(model, mesh, rules):
-    """A copy of ``model`` (or an nnx.Optimizer) laid out on ``mesh`` by ``rules``, same values."""
-    d2l.check_rules(rules, mesh)
+    """A copy of ``model`` (or an nnx.Optimizer) laid out on ``mesh`` by
+    ``rules``, with the same values."""
     graphdef, state = nnx.split(model)
     with d2l.use_sharding(mesh, rules):
-        d2l.check_layout(state, rules, mesh)
         shardings = nnx.get_named_sharding(state, mesh)
     return nnx.merge(graphdef, jax.device_put(state, shardings))
 
 
 def shard_tokens(X, Y, mesh, rules):
-    """Lay a batch of token ids out as the rules say for the logical axis 'batch'."""
-    spec = P(rules.get("batch"))
-    d2l.check_spec(spec, mesh, np.shape(X))
-    return jax.device_put((X, Y), NamedSharding(mesh, spec))
+    """Lay a batch of token ids out as the rules say for the logical axis
+    'batch'."""
+    return jax.device_put((X, Y), NamedSharding(mesh, P(rules.get("batch"))))
 
 
 @nnx.jit
 def lm_train_step(model, optimizer, X, Y):
-    """One optimizer step on (X, Y); the layouts of its inputs decide how it is parallelised."""
+    """One optimizer step on (X, Y); the layouts of its inputs decide how it is
+    parallelised."""
     loss, grads = nnx.value_and_grad(d2l.lm_loss)(model, X, Y)
     optimizer.update(model, grads)
-    if not jax.sharding.get_abstract_mesh().empty:  # keep the layouts the state came in with;
-        state = nnx.state((model, optimizer))      # with Auto axes XLA may pick others
-        nnx.update((model, optimizer),
-                   jax.lax.with_sharding_constraint(state, nnx.get_partition_spec(state)))
+    if not jax.sharding.get_abstract_mesh().empty:
+        # keep the layouts the state came in with: with Auto axes XLA may
+        # pick others, and a layout that drifts means recompiling
+        state = nnx.state((model, optimizer))
+        nnx.update((model, optimizer), jax.lax.with_sharding_constraint(
+            state, nnx.get_partition_spec(state)))
     return loss
 
 
-def bubble_fraction(num_stages, num_micro):
-    """The idle fraction of each of ``num_stages`` stages with ``num_micro`` micro-batches."""
-    d2l.check_positive(num_stages=num_stages, num_micro=num_micro)
-    return (num_stages - 1) / (num_micro + num_stages - 1)
+# ----- the checks behind the public names -----
+
+def _check_strategy(strategy):
+    if strategy not in STRATEGIES:
+        raise ValueError(f"unknown strategy {strategy!r}; use one of "
+                         f"{list(STRATEGIES)}")
+
+
+def _check_reshard(model, mesh, rules):
+    d2l.check_layout(nnx.state(model), rules, mesh)  # checks the rules too
+
+
+def _check_tokens(X, Y, mesh, rules):
+    d2l.check_spec(P(rules.get("batch")), mesh, np.shape(X))
+
+
+sharding_rules = validated(sharding_rules, _check_strategy)
+reshard = validated(reshard, _check_reshard)
+shard_tokens = validated(shard_tokens, _check_tokens)

@@ -1,80 +1,87 @@
-"""Every test process sees 8 simulated CPU devices (or the accelerators, where there are at
-least two) and cannot open a network connection beyond this machine.
+"""The tests run in a sandbox that depends on nothing this machine happens to have.
 
-The test processes, the notebook kernels and the programs the tests start share one JAX
-persistent compilation cache for the run (a temporary directory, removed at the end, unless
-``JAX_COMPILATION_CACHE_DIR`` is set): a program that several notebooks and tests compile alike,
-such as LeNet's data-parallel step, is compiled once.
+* Every test process sees 8 simulated CPU devices (or the accelerators, where there are at
+  least two).
+* HOME, the cache, configuration and Jupyter folders are empty temporary folders, so no
+  user's data copy, kernel, IPython profile or matplotlib setting changes a result. Data come
+  from ``D2L_MULTI_DATA`` when it is set, else from the sample shipped in
+  ``d2l_multi/sample_data`` (with the smoke switch on, a run uses exactly the sample's examples
+  either way), never from the network.
+* No process the tests start (notebook kernels and commands included) can open a network
+  connection beyond this machine, and in each a deprecation warning from the chapter's code or
+  the libraries it teaches is an error, as every deprecation is in the test process
+  (``filterwarnings`` in pyproject.toml); tests/sandbox/.
+* A notebook whose kernel loses a request or a reply fails at once, naming the cell
+  (tests/kernel_watchdog.py), instead of waiting out the cell timeout.
+* The test processes, the notebook kernels and the programs the tests start share one JAX
+  persistent compilation cache for the run, so a program several notebooks and tests compile
+  alike, such as LeNet's data-parallel step, is compiled once.
+
+Everything is removed at the end of the run.
 """
 import atexit
-import ipaddress
 import os
+import pathlib
 import shutil
-import socket
+import sys
 import tempfile
 
 import pytest
 
+TESTS = pathlib.Path(__file__).resolve().parent
+SANDBOX = TESTS / "sandbox"
+sys.path[:0] = [str(SANDBOX), str(TESTS)]
+import sandbox_rules  # noqa: E402
+
+_root = pathlib.Path(tempfile.mkdtemp(prefix="d2l_multi_tests_"))
+atexit.register(shutil.rmtree, _root, ignore_errors=True)
+for _name, _sub in [("HOME", "home"), ("XDG_CACHE_HOME", "cache"), ("XDG_CONFIG_HOME", "config"),
+                    ("XDG_DATA_HOME", "share"), ("MPLCONFIGDIR", "matplotlib"),
+                    ("JUPYTER_CONFIG_DIR", "jupyter"), ("IPYTHONDIR", "ipython")]:
+    (_root / _sub).mkdir()
+    os.environ[_name] = str(_root / _sub)
+os.environ["PYTHONPATH"] = os.pathsep.join(
+    [str(SANDBOX)] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p])
 os.environ.setdefault("MPLBACKEND", "Agg")
 os.environ.setdefault("KERAS_BACKEND", "jax")
 if "JAX_COMPILATION_CACHE_DIR" not in os.environ:  # set before JAX starts; workers inherit it
-    _cache = tempfile.mkdtemp(prefix="d2l_multi_jax_cache_")
-    os.environ["JAX_COMPILATION_CACHE_DIR"] = _cache
+    os.environ["JAX_COMPILATION_CACHE_DIR"] = str(_root / "jax_cache")
     os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")
     os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES", "-1")
-    atexit.register(shutil.rmtree, _cache, ignore_errors=True)
 
 import d2l_multi  # noqa: E402
+import kernel_watchdog  # noqa: E402
 
 d2l_multi.simulate_devices(8)
-
-_connect = socket.socket.connect
-
-
-def _local(address):
-    host = address[0] if isinstance(address, tuple) else address
-    if not isinstance(host, str):
-        return True                                   # AF_UNIX paths as bytes
-    if host == "localhost" or host.startswith("/"):
-        return True
-    try:
-        return ipaddress.ip_address(host.split("%")[0]).is_loopback
-    except ValueError:
-        return False                                  # a host name: would need DNS
+kernel_watchdog.install()
 
 
-def _guarded_connect(sock, address):
-    if sock.family in (socket.AF_INET, socket.AF_INET6) and not _local(address):
-        raise OSError(f"tests must not use the network (tried to connect to {address!r})")
-    return _connect(sock, address)
+def pytest_configure(config):
+    config.addinivalue_line("markers", "needs_full_data: the test reads all of Fashion-MNIST "
+                                       "and MNIST; skipped when no full copy is found")
 
 
 @pytest.fixture(autouse=True, scope="session")
 def no_network():
     """A test that tries to reach the network fails with an OSError instead."""
-    socket.socket.connect = _guarded_connect
+    sandbox_rules.block_network()
     yield
-    socket.socket.connect = _connect
+    sandbox_rules.allow_network()
 
 
-def _local_fashion_mnist():
+def _full_copies():
     from d2l_multi import data
-    return data.find_dataset("fashion-mnist") is not None
-
-
-def pytest_configure(config):
-    config.addinivalue_line("markers", "needs_data: the test reads Fashion-MNIST from a local "
-                                       "copy; skipped when there is none")
+    return all(data.find_dataset(name) is not None for name in ("fashion-mnist", "mnist"))
 
 
 def pytest_collection_modifyitems(config, items):
-    """Tests and notebooks that read Fashion-MNIST skip, saying how to provide it, when no
-    local copy exists (the tests never download)."""
-    if _local_fashion_mnist():
+    """The few tests of the full data sets skip, saying how to provide them, when there is no
+    local copy (the tests never download); everything else runs."""
+    if _full_copies():
         return
-    skip = pytest.mark.skip(reason="no local copy of Fashion-MNIST: set D2L_MULTI_DATA to a "
-                                   "folder holding fashion-mnist/ (and mnist/), or "
-                                   "apt install dataset-fashion-mnist")
+    skip = pytest.mark.skip(reason="no full local copy of Fashion-MNIST and MNIST: set "
+                                   "D2L_MULTI_DATA to a folder holding fashion-mnist/ and "
+                                   "mnist/ to run it")
     for item in items:
-        if item.path.suffix == ".ipynb" or item.get_closest_marker("needs_data"):
+        if item.get_closest_marker("needs_full_data"):
             item.add_marker(skip)

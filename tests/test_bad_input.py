@@ -47,6 +47,18 @@ CASES = [
     ("load_data_fashion_mnist(-1)", lambda: d2l.load_data_fashion_mnist(-1),
      "batch_size must be a positive integer, got -1"),
     ("dataset_dir('cifar')", lambda: d2l.dataset_dir("cifar"), "unknown dataset 'cifar'"),
+    # a label outside 0..9 would silently count as another class (JAX clamps indices)
+    ("train_batch(y=-1)", lambda: d2l.train_batch(replicated(), X, np.full(64, -1), 8, 0.1),
+     "y holds the label -1, but labels are class indices from 0 up"),
+    ("split_batch(y=-3)", lambda: d2l.split_batch(X, np.full(64, -3), 8), "the label -3"),
+    ("shard_batch(y=-1)", lambda: d2l.shard_batch(X, np.full(64, -1), d2l.device_mesh()),
+     "the label -1"),
+    ("loss_fn(y=10)", lambda: d2l.loss_fn(d2l.init_lenet_params(jax.random.key(0)), X,
+                                          np.full(64, 10)),
+     "y holds the label 10, but labels are class indices from 0 to 9"),
+    ("ArraySource(y=-1)", lambda: d2l.ArraySource(X, np.full(64, -1)), "the label -1"),
+    ("process_batches(y=-1)", lambda: list(d2l.process_batches(X, np.full(64, -1), 8)),
+     "the label -1"),
 ]
 
 

@@ -20,6 +20,7 @@ import threading
 
 import pytest
 
+from d2l_multi import book as book_module
 from d2l_multi.book import build_book, main
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
@@ -168,7 +169,7 @@ def test_book_command_refuses_bad_options_and_foreign_folders(tmp_path, capsys):
     assert exit_.value.code == 2
     (tmp_path / "notes.txt").write_text("mine")
     assert main(["--no-execute", "--out", str(tmp_path)]) == 1
-    assert "not a book built here" in capsys.readouterr().err
+    assert "holds files that no build of the book wrote (notes.txt)" in capsys.readouterr().err
     assert (tmp_path / "notes.txt").read_text() == "mine"
 
 
@@ -186,6 +187,62 @@ def test_the_kernels_of_a_build_share_one_compilation_cache(tmp_path):
     subprocess.run([sys.executable, "-c", code], env={**clean, **env}, check=True,
                    capture_output=True)
     assert any((tmp_path / "jax_cache").iterdir())
+
+
+def test_only_a_folder_holding_nothing_but_an_earlier_build_is_replaced(book, tmp_path,
+                                                                         capsys):
+    """A stray .buildinfo does not make a folder a book: the build refuses it and its files
+    stay. A build lists the files it wrote; one more file makes its folder the user's."""
+    stray = tmp_path / "stray"
+    stray.mkdir()
+    (stray / ".buildinfo").write_text("x")
+    (stray / "notes.txt").write_text("mine")
+    assert main(["--no-execute", "--quiet", "--out", str(stray)]) == 1
+    err = capsys.readouterr().err
+    assert f"{stray} holds files that no build of the book wrote (.buildinfo, notes.txt)" in err
+    assert sorted(p.name for p in stray.iterdir()) == [".buildinfo", "notes.txt"]
+    earlier = tmp_path / "earlier"
+    shutil.copytree(book, earlier)
+    book_module.check_replaceable(earlier)  # nothing but what the build wrote
+    (earlier / "_static" / "mine.css").write_text("mine")
+    with pytest.raises(FileExistsError, match=r"holds files that no build of the book wrote "
+                                              r"\(_static/mine.css\)"):
+        book_module.check_replaceable(earlier)
+
+
+def test_a_reports_folder_that_a_build_did_not_write_is_kept(tmp_path, capsys):
+    reports = tmp_path / "site-reports"
+    reports.mkdir()
+    (reports / "mine.txt").write_text("mine")
+    assert main(["--no-execute", "--quiet", "--out", str(tmp_path / "site")]) == 1
+    err = capsys.readouterr().err
+    assert f"{reports} holds files that no build of the book wrote (mine.txt)" in err
+    assert (reports / "mine.txt").read_text() == "mine" and not (tmp_path / "site").exists()
+
+
+def test_a_mount_point_is_refused_before_building(tmp_path, capsys):
+    mount = tmp_path / "mnt"
+    mount.mkdir()
+    if os.geteuid() != 0 or subprocess.run(["mount", "-t", "tmpfs", "tmpfs", str(mount)],
+                                           capture_output=True).returncode:
+        pytest.skip("needs root to mount a folder")
+    try:
+        assert main(["--no-execute", "--quiet", "--out", str(mount)]) == 1
+    finally:
+        subprocess.run(["umount", str(mount)], check=True)
+    err = capsys.readouterr().err
+    assert f"{mount} is a mount point, which the build cannot replace; pass --out a folder " \
+           f"inside it" in err
+
+
+def test_a_missing_book_extra_names_the_install_command(tmp_path):
+    code = ("import sys; sys.modules['myst_nb'] = None\n"  # as if myst-nb were not installed
+            "from d2l_multi.__main__ import main; sys.exit(main(sys.argv[1:]))")
+    result = subprocess.run([sys.executable, "-c", code, "book", "--no-execute", "--out",
+                             str(tmp_path / "site")], capture_output=True, text=True, timeout=120)
+    assert result.returncode == 1, result.stderr
+    assert "the book needs myst_nb" in result.stderr
+    assert 'pip install -e ".[book]"' in result.stderr and "Traceback" not in result.stderr
 
 
 PAGES = ["index.html"] + [f"chapters/{name}.html" for name in NOTEBOOKS]

@@ -3,9 +3,11 @@ saved arrays in the asked-for layout, a resumed run equals an uninterrupted one,
 short leaves the previous checkpoint usable, and bad input fails clearly without touching files:
 every failure of a restore says what it is (damaged, mismatched, layout, memory, permission),
 keeps its cause, changes no file and leaves no checkpoint manager open."""
+import contextlib
 import hashlib
 import os
 import pathlib
+import re
 import shutil
 import subprocess
 import sys
@@ -32,6 +34,26 @@ def fingerprint(directory):
     return {str(f.relative_to(root)): (f.stat().st_mtime_ns, f.is_file() and
                                        hashlib.sha256(f.read_bytes()).hexdigest())
             for f in [root, *sorted(root.rglob("*"))]}
+
+
+@contextlib.contextmanager
+def read_only(folder):
+    """``folder`` made unwritable for this process: a read-only mount for root (whom file
+    permissions do not stop), the permissions for anyone else."""
+    if os.geteuid() != 0:
+        folder.chmod(0o555)
+        try:
+            yield
+        finally:
+            folder.chmod(0o755)
+        return
+    if subprocess.run(["mount", "-t", "tmpfs", "-o", "ro,size=64k", "tmpfs", str(folder)],
+                      capture_output=True).returncode:
+        pytest.skip("root without a read-only mount: cannot make a folder unwritable")
+    try:
+        yield
+    finally:
+        subprocess.run(["umount", str(folder)], check=True)
 
 
 @pytest.fixture()
@@ -278,15 +300,26 @@ def test_a_step_that_was_not_saved_lists_the_saved_ones(run, bad_inputs):
 # the test checks that).
 @pytest.mark.filterwarnings(r"ignore:Exception ignored in. None[\s\S]*Event loop is closed"
                             r":pytest.PytestUnraisableExceptionWarning")
-@pytest.mark.parametrize("damage", ["metadata", "chunks", "empty step"])
+@pytest.mark.parametrize("damage,named", [
+    ("metadata", "state/_METADATA is not valid JSON"),
+    ("sharding metadata", "state/_sharding is not valid JSON"),
+    ("iterator state", "is not valid JSON"),
+    ("chunks", "cannot be read"),
+    ("empty step", "it holds no _CHECKPOINT_METADATA"),
+])
 def test_damaged_checkpoints_raise_checkpoint_error_and_are_left_alone(run, bad_inputs, damage,
-                                                                       open_managers):
+                                                                       named, open_managers):
+    """Each damaged file is diagnosed as damage (not as a layout or a pipeline problem): the
+    message names the step's folder and what is wrong, and advises the other step."""
     copy = bad_inputs["tmp"] / "damaged"
     shutil.copytree(run["dir"], copy)
     step_dir = copy / "8"
-    if damage == "metadata":
-        f = step_dir / "state" / "_METADATA"
+    if damage in ("metadata", "sharding metadata"):
+        f = step_dir / "state" / ("_METADATA" if damage == "metadata" else "_sharding")
         f.write_bytes(f.read_bytes()[:100])
+    elif damage == "iterator state":
+        for f in (step_dir / "data").rglob("*.json"):
+            f.write_text(f.read_text()[:20])
     elif damage == "chunks":
         for f in (step_dir / "state").rglob("*"):
             if f.is_file() and f.parent.name == "d":
@@ -296,14 +329,104 @@ def test_damaged_checkpoints_raise_checkpoint_error_and_are_left_alone(run, bad_
         step_dir.mkdir()
     damaged = fingerprint(copy)
     with pytest.raises(d2l.CheckpointError) as e:
-        d2l.restore_checkpoint(copy, bad_inputs["target"])
+        d2l.restore_checkpoint(copy, bad_inputs["target"], data_iter=run["loader"]())
     message = str(e.value)
-    assert str(step_dir) in message and "damaged" in message and "[4, 8]" in message
-    assert e.value.__cause__ is not None  # the reader's own error, for the curious
+    assert str(step_dir) in message and "damaged" in message and named in message, message
+    assert "Restore another step with step=..., one of [4]" in message, message
     assert fingerprint(copy) == damaged
     assert open_managers == []
     restored = d2l.restore_checkpoint(copy, bad_inputs["target"], step=4)  # the fix works
     assert int(restored["step"]) == 4
+
+
+def test_a_missing_step_lists_the_saved_ones(run, bad_inputs):
+    copy = bad_inputs["tmp"] / "missing"
+    shutil.copytree(run["dir"], copy)
+    shutil.rmtree(copy / "8")
+    with pytest.raises(ValueError, match=r"no checkpoint for step=8 .* it has the steps \[4\]"):
+        d2l.restore_checkpoint(copy, bad_inputs["target"], step=8)
+    assert int(d2l.restore_checkpoint(copy, bad_inputs["target"])["step"]) == 4
+
+
+def test_a_numbered_folder_that_is_no_checkpoint_is_not_a_step(run, bad_inputs):
+    """An empty 100/ is not step 100: it is not listed, and the latest restore names it."""
+    copy = bad_inputs["tmp"] / "stray"
+    shutil.copytree(run["dir"], copy)
+    (copy / "100").mkdir()
+    assert d2l.saved_steps(copy) == [4, 8]
+    with pytest.raises(d2l.CheckpointError, match=r"100 is damaged or unfinished: it holds no "
+                                                  r"_CHECKPOINT_METADATA.*one of \[4, 8\]"):
+        d2l.restore_checkpoint(copy, bad_inputs["target"])
+    assert int(d2l.restore_checkpoint(copy, bad_inputs["target"], step=8)["step"]) == 8
+
+
+def test_a_copied_step_folder_is_refused(run, bad_inputs):
+    """A folder 12/ holding the state of step 4 (a copy) would resume from the wrong step."""
+    copy = bad_inputs["tmp"] / "copied"
+    shutil.copytree(run["dir"], copy)
+    shutil.copytree(copy / "4", copy / "12")
+    with pytest.raises(d2l.CheckpointError, match=r"12 holds the state of step 4, not of step "
+                                                  r"12: it was copied or renamed"):
+        d2l.restore_checkpoint(copy, bad_inputs["target"])
+
+
+def test_arrays_saved_on_devices_this_machine_lacks_need_a_layout(run, bad_inputs):
+    """A checkpoint written on other devices (its _sharding names device ids 100..107),
+    restored into targets without a sharding: the advice is to give every array one."""
+    copy = bad_inputs["tmp"] / "elsewhere"
+    shutil.copytree(run["dir"], copy)
+    f = copy / "8" / "state" / "_sharding"
+    f.write_text(re.sub(r'(\\"id\\": )(\d+)', lambda m: f"{m[1]}{100 + int(m[2])}",
+                        f.read_text()))
+    assert '\\"id\\": 100' in f.read_text()
+    unplaced = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype),
+                            bad_inputs["target"])
+    with pytest.raises(ValueError, match=r"params\.0, params\.1, params\.2 and \d+ more have "
+                                         r"no sharding in the target, and the devices they "
+                                         r"were saved on are not all here.*Give every array a "
+                                         r"sharding"):
+        d2l.restore_checkpoint(copy, unplaced)
+    restored = d2l.restore_checkpoint(copy, bad_inputs["target"])  # the fix works
+    assert leaves_equal(restored, run["state_8"])
+
+
+def test_a_manager_refuses_a_folder_holding_anything_but_its_checkpoints(tmp_path):
+    """Orbax's clean-up (max_to_keep) would delete numbered folders it takes for old steps."""
+    for name in ("2023", "2024"):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "photo.jpg").write_bytes(b"mine")
+    before = fingerprint(tmp_path)
+    with pytest.raises(FileExistsError, match=r"holds 2023, 2024, which are not checkpoints"):
+        with d2l.checkpoint_manager(tmp_path, max_to_keep=1) as manager:
+            for step in (1, 2, 3):
+                d2l.save_checkpoint(manager, step, {"w": np.ones(2)})
+            manager.wait_until_finished()
+    assert fingerprint(tmp_path) == before
+    assert d2l.saved_steps(tmp_path) == []  # reading is harmless
+
+
+def test_a_manager_refuses_a_folder_it_cannot_write(tmp_path):
+    locked = tmp_path / "locked"
+    locked.mkdir()
+    with read_only(locked):
+        with pytest.raises(PermissionError, match=rf"cannot write checkpoints into {locked}"):
+            d2l.checkpoint_manager(locked)
+        with pytest.raises(PermissionError, match=rf"cannot write checkpoints into {locked}"):
+            d2l.checkpoint_manager(locked / "run")
+
+
+def test_a_save_that_does_not_fit_on_the_disk_is_refused_before_writing(tmp_path,
+                                                                        monkeypatch):
+    from d2l_multi import checkpoint
+    usage = shutil.disk_usage(tmp_path)
+    monkeypatch.setattr(checkpoint.shutil, "disk_usage",
+                        lambda path: usage._replace(free=1000))
+    with d2l.checkpoint_manager(tmp_path) as manager:
+        with pytest.raises(OSError, match=r"not enough space to save step 1 into .*: the state "
+                                          r"needs 8,000 bytes, the disk has 1,000 bytes "
+                                          r"free"):
+            d2l.save_checkpoint(manager, 1, {"w": np.ones(1000)})
+    assert list(tmp_path.iterdir()) == []
 
 
 def test_a_different_pipeline_cannot_take_the_iterator_state(run, bad_inputs):
@@ -363,12 +486,11 @@ def test_a_layout_the_devices_cannot_take_is_named(run, bad_inputs):
 @pytest.mark.parametrize("failure,kind,message", [
     (PermissionError(13, "Permission denied", "x/_METADATA"), PermissionError,
      "permission denied"),
-    (RuntimeError("RESOURCE_EXHAUSTED: Out of memory while trying to allocate 512.00MiB."),
-     MemoryError, "does not fit in the devices' memory"),
-    (ValueError("Topology mismatch detected. The checkpoint was saved with a different "
-                "topology than the current one."), ValueError,
-     "cannot be laid out on these devices"),
-    (OSError("DATA_LOSS: Error reading chunk"), d2l.CheckpointError, "it is damaged"),
+    (MemoryError(), MemoryError, "does not fit in the devices' memory"),
+    (jax.errors.JaxRuntimeError("RESOURCE_EXHAUSTED: Out of memory while trying to allocate "
+                                "512.00MiB."), MemoryError, "does not fit in the devices' memory"),
+    (OSError("DATA_LOSS: Error reading chunk"), d2l.CheckpointError, "is damaged"),
+    (ValueError("sharding of a kind never seen"), d2l.CheckpointError, "is damaged"),
 ])
 def test_restore_failures_say_what_they_are(run, bad_inputs, open_managers, monkeypatch,
                                             failure, kind, message):

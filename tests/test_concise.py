@@ -109,3 +109,26 @@ def test_importing_d2l_multi_does_not_import_keras():
     env = {k: v for k, v in os.environ.items() if k != "KERAS_BACKEND"}
     code = "import sys, d2l_multi; assert 'keras' not in sys.modules, 'keras was imported'"
     subprocess.run([sys.executable, "-c", code], env=env, check=True)
+
+
+SHOWN = ["allreduce", "replicate", "ring_allreduce", "count_collectives", "make_train_step",
+         "make_shard_map_step", "nnx_train_step", "evaluate_nnx", "train_nnx",
+         "cnn_from_linen", "jit_train_step", "keras_train_state", "make_keras_train_step"]
+
+
+@pytest.mark.parametrize("name", SHOWN)
+def test_shown_code_holds_no_argument_checks_and_fits_80_columns(name):
+    """The chapter shows these functions as the library defines them (inspect.unwrap): the
+    argument checks live in the validation layer around them, and every line fits the page."""
+    import inspect
+    source = inspect.getsource(inspect.unwrap(getattr(d2l, name)))
+    assert "check_" not in source and "isinstance(" not in source, source
+    assert max(len(line) for line in source.splitlines()) <= 80
+
+
+def test_the_validation_layer_keeps_the_shown_function():
+    import inspect
+    for name in ("allreduce", "replicate", "make_train_step", "make_shard_map_step",
+                 "count_collectives", "train_nnx", "cnn_from_linen"):
+        public = getattr(d2l, name)
+        assert inspect.unwrap(public) is not public, f"{name} is not validated"

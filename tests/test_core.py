@@ -10,6 +10,7 @@ import pytest
 from jax import lax
 
 import d2l_multi as d2l
+from recording import RecordingData
 
 N = 8
 ATOL = 1e-6  # float32 rounding: the devices sum the same numbers in a different order
@@ -97,7 +98,6 @@ def test_k_data_parallel_steps_equal_single_device_steps():
         np.testing.assert_allclose(p[0], s, atol=ATOL)
 
 
-@pytest.mark.needs_data
 def test_train_small_run_learns_and_nan_stops():
     data = d2l.FashionMNIST(64, num_train=1024, num_val=256)
     params, history, _ = d2l.train(N, 64, 0.1, 3, data)
@@ -105,6 +105,39 @@ def test_train_small_run_learns_and_nan_stops():
     assert history[-1]["loss"] < 1.2  # ln 10 = 2.30 at the start
     with pytest.raises(FloatingPointError, match="lr=1e\\+30.*try lr=1e\\+29"):
         d2l.train(N, 64, 1e30, 1, data)
+
+
+def test_train_reshuffles_every_epoch_and_a_rerun_sees_the_same_batches():
+    data = RecordingData()
+    d2l.train(1, 8, 0.1, 2, data)
+    d2l.train(1, 8, 0.1, 2, data)
+    assert data.epochs == [0, 1, 0, 1]
+
+
+def test_save_atomic_gives_a_new_file_s_mode_without_touching_the_umask(tmp_path,
+                                                                       monkeypatch):
+    """Setting the umask to read it would change it, for a moment, for every thread."""
+    from d2l_multi.cli import save_atomic
+    old = os.umask(0o027)
+    try:
+        def no_umask(mask):
+            raise AssertionError("save_atomic changed the umask")
+        monkeypatch.setattr(os, "umask", no_umask)
+        path = save_atomic(tmp_path / "r.json", lambda tmp: open(tmp, "w").write("{}"))
+    finally:
+        monkeypatch.undo()
+        os.umask(old)
+    assert path.read_text() == "{}" and path.stat().st_mode & 0o777 == 0o640
+    assert [p.name for p in tmp_path.iterdir()] == ["r.json"]
+
+
+def test_help_lists_every_command():
+    for flag in ("--help", "-h"):
+        result = run_cli(flag)
+        assert result.returncode == 0, result.stderr
+        for command in ("train", "benchmark", "launch", "book"):
+            assert f"\n  {command} " in result.stdout, result.stdout
+        assert "python -m d2l_multi COMMAND --help" in result.stdout
 
 
 def run_cli(*args):
@@ -142,19 +175,19 @@ def test_cli_out_that_is_a_file_is_refused_before_training(tmp_path):
 
 
 def test_cli_missing_data_prints_the_three_ways_without_a_traceback(tmp_path):
-    env = {"D2L_MULTI_DATA": str(tmp_path / "empty"), "XDG_CACHE_HOME": str(tmp_path)}
-    code = ("import urllib.request, d2l_multi.__main__ as m\n"
-            "def offline(*a, **k): raise OSError('network is unreachable')\n"
-            "urllib.request.urlopen = offline\n"
+    """A full run with no copy anywhere (Debian's folder hidden too) and no network."""
+    env = {k: v for k, v in os.environ.items() if k not in ("D2L_MULTI_DATA", "D2L_MULTI_SMOKE")}
+    env["XDG_CACHE_HOME"] = str(tmp_path / "cache")
+    code = ("from d2l_multi import data, __main__ as m\n"
+            "for spec in data.DATASETS.values(): spec['debian'] = None\n"
             "raise SystemExit(m.main(['train', '--epochs', '1', '--out', %r]))" % str(tmp_path))
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                            env={**os.environ, **env}, timeout=300)
+                            env=env, timeout=300)
     assert result.returncode == 1, result.stderr
     assert "Provide the data in one of three ways" in result.stderr
     assert "Traceback" not in result.stderr
 
 
-@pytest.mark.needs_data
 def test_cli_train_smoke_writes_table_and_plots(tmp_path):
     result = run_cli("train", "--devices", "1,8", "--epochs", "1", "--out", str(tmp_path))
     assert result.returncode == 0, result.stderr

@@ -32,7 +32,7 @@ def test_psum_loop_computes_the_sum():
 
 def test_time_collective_returns_positive_samples():
     times = d2l.time_collective("ppermute", 2, 4096, repeat=3)
-    assert times.shape == (3,) and np.all(times > 0) and np.all(times < 1)
+    assert times.shape == (3,) and np.all(times > 0)
 
 
 @pytest.mark.parametrize("call,message", [
@@ -49,20 +49,30 @@ def test_bad_collective_arguments_are_named(call, message):
         call()
 
 
-def test_bus_bandwidth_uses_the_nccl_tests_factors():
-    for collective, factor in [("psum", 2 * 7 / 8), ("all_gather", 7 / 8),
-                               ("psum_scatter", 7 / 8), ("ppermute", 1.0)]:
-        algbw, busbw = d2l.bus_bandwidth(collective, 8, 10 ** 6, 1e-3)
-        assert algbw == pytest.approx(1e9) and busbw == pytest.approx(factor * 1e9)
+def test_an_ideal_ring_shows_the_link_bandwidth_on_any_number_of_devices():
+    """What bus bandwidth is for (nccl-tests): it takes the device count out, so collectives
+    that run at the link's speed show the link's bandwidth on 2, 4 or 8 devices. The
+    allreduce's time is the cost model's ring; gathers move (k-1)/k of the data over each
+    link, a permute all of it."""
+    link, n = 50e9, float(1 << 24)
+    for k in (2, 4, 8):
+        ideal = {"psum": d2l.predict_step_time(0.0, k, n, 0.0, 1 / link),
+                 "all_gather": (k - 1) / k * n / link, "psum_scatter": (k - 1) / k * n / link,
+                 "ppermute": n / link}
+        for collective, seconds in ideal.items():
+            algbw, busbw = d2l.bus_bandwidth(collective, k, n, seconds)
+            assert algbw == pytest.approx(n / seconds)
+            assert busbw == pytest.approx(link), (collective, k)
 
 
 def test_measure_collectives_rows():
     rows = d2l.measure_collectives(["psum"], [2, 4], [8192, 2048], repeat=2)
     assert [(r["devices"], r["bytes"]) for r in rows] == [(2, 2048), (2, 8192), (4, 2048),
                                                           (4, 8192)]
-    for r in rows:
+    for r in rows:  # each row reports the bandwidths of its median time
         assert r["low"] <= r["seconds"] <= r["high"]
-        assert r["busbw"] == pytest.approx(r["algbw"] * 2 * (r["devices"] - 1) / r["devices"])
+        assert r["algbw"] == pytest.approx(r["bytes"] / r["seconds"])
+        assert r["busbw"] >= r["algbw"]  # an allreduce moves more than its size per link
 
 
 def test_fit_recovers_alpha_and_beta_from_noisy_timings():
@@ -81,7 +91,7 @@ def test_fit_is_exact_without_noise_and_never_negative():
 
 
 def test_per_device_count_fits_give_the_ring_hop_latency_and_link_bandwidth():
-    from d2l_multi.benchmark import ring
+    ring = d2l.ring_per_hop
     for k in (2, 4, 8):
         t = [d2l.predict_step_time(0.0, k, float(n), 5e-6, 1 / 100e9) for n in SIZES]
         assert ring(*d2l.fit_alpha_beta(SIZES, t), k) == pytest.approx((5e-6, 1 / 100e9))

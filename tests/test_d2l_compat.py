@@ -27,6 +27,17 @@ def test_d2l_names_take_d2l_arguments_in_d2l_order(name):
     assert params[:len(SIGNATURES[name])] == SIGNATURES[name]
 
 
+def test_the_package_says_exactly_which_d2l_names_it_offers():
+    """Every d2l name above is named as offered; d2l's classes it lacks are named as absent."""
+    import d2l_multi
+    doc = " ".join(d2l_multi.__doc__.split())
+    offered, absent = doc.split("is not offered")[0].rsplit("d2l's class framework", 1)
+    for name in SIGNATURES:
+        assert f"``{name}``" in offered, name
+    for name in ("Module", "Trainer", "DataModule", "HyperParameters"):
+        assert f"``{name}``" in absent and not hasattr(d2l_multi, name), name
+
+
 def test_device_helpers_answer_like_d2l():
     assert d2l.num_gpus() == len([d for d in jax.devices() if d.platform != "cpu"])
     assert d2l.try_all_gpus() == d2l.devices() and len(d2l.try_all_gpus()) >= 1
@@ -34,7 +45,6 @@ def test_device_helpers_answer_like_d2l():
     assert d2l.try_gpu(10_000).platform == "cpu"  # no such device: the CPU, as in d2l
 
 
-@pytest.mark.needs_data
 def test_d2l_style_training_script_runs(tmp_path):
     # As written for `from d2l import jax as d2l`, only the import changed.
     import jax

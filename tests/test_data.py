@@ -152,28 +152,48 @@ def test_batches_iterate_shuffle_and_drop_last():
     assert np.array_equal(np.concatenate([b[1] for b in dm.Batches(X, y, 4)]), y)
 
 
-def epoch_orders(data, new_loader_every_epoch, epochs=3):
-    loader = data.get_dataloader(train=True)
-    orders = []
-    for _ in range(epochs):
-        if new_loader_every_epoch:
-            loader = data.get_dataloader(train=True)
-        orders.append(np.concatenate([yb for _, yb in loader]).tolist())
-    return orders
-
-
-@pytest.mark.parametrize("new_loader_every_epoch", [False, True])
-def test_every_epoch_is_reshuffled_reproducibly_from_the_seed(tiny, new_loader_every_epoch):
-    """d2l's pattern (one loader iterated every epoch) and a new loader per epoch both see a
-    new order every epoch; the same seed gives the same orders, another seed others."""
+def tiny_data(tiny, seed=0):
     tiny_module = type("Tiny", (d2l.FashionMNIST,), {"name": "tiny", "smoke_sizes": (20, 10)})
-    make = lambda seed: tiny_module(batch_size=4, data_dir=tiny["source"],  # noqa: E731
-                                    seed=seed)
-    orders = epoch_orders(make(0), new_loader_every_epoch)
+    return tiny_module(batch_size=4, data_dir=tiny["source"], seed=seed)
+
+
+def order(loader):
+    """The labels of one pass over ``loader``, in the order it serves them."""
+    return np.concatenate([yb for _, yb in loader]).tolist()
+
+
+def test_an_epoch_s_order_is_a_function_of_the_seed_and_the_epoch(tiny):
+    """d2l's pattern (one loader, iterated once per epoch) sees a new order every epoch; a
+    loader made for epoch k (epoch=k) serves that same order; the seed decides them all."""
+    loader = tiny_data(tiny).get_dataloader(train=True)
+    orders = [order(loader) for _ in range(3)]
     assert all(sorted(o) == sorted(orders[0]) for o in orders)   # each a permutation
     assert len({tuple(o) for o in orders}) == 3                 # three different orders
-    assert orders == epoch_orders(make(0), new_loader_every_epoch)  # reproducible
-    assert orders != epoch_orders(make(1), new_loader_every_epoch)  # the seed matters
+    data = tiny_data(tiny)
+    assert orders == [order(data.get_dataloader(train=True, epoch=k)) for k in range(3)]
+    assert [order(data.get_dataloader(train=True)) for _ in range(3)] == [orders[0]] * 3
+    assert orders[0] != order(tiny_data(tiny, seed=1).get_dataloader(train=True))
+
+
+def test_peeking_at_a_batch_does_not_change_what_training_sees(tiny):
+    """A notebook looks at a batch, then trains: the look changes nothing."""
+    untouched = tiny_data(tiny).get_dataloader(train=True)
+    expected = [order(untouched) for _ in range(2)]
+    data = tiny_data(tiny)
+    next(iter(data.get_dataloader(train=True)))                  # peek at a batch
+    data.train[0][:8]
+    [b for _, b in zip(range(3), data.get_dataloader(train=True))]  # three batches
+    loader = data.get_dataloader(train=True)
+    assert [order(loader) for _ in range(2)] == expected
+
+
+def test_re_running_a_training_cell_sees_the_same_batches(tiny):
+    data = tiny_data(tiny)
+
+    def cell():  # a cell that trains two epochs on the data module of an earlier cell
+        loader = data.get_dataloader(train=True, drop_last=True)
+        return [order(loader) for _ in range(2)]
+    assert cell() == cell()
 
 
 @pytest.mark.parametrize("kwargs,message", [
@@ -215,7 +235,7 @@ def test_smoke_switch_shrinks_the_data(tiny, monkeypatch):
     assert len(data.train[0]) == 20 and len(data.val[0]) == 10
 
 
-real = pytest.mark.needs_data
+real = pytest.mark.needs_full_data
 
 
 @real
@@ -247,3 +267,56 @@ def test_real_mnist_and_d2l_style_api(monkeypatch):
     axes = d2l.FashionMNIST(16, num_train=16, num_val=16).visualize(
         next(iter(mnist.get_dataloader(False))), nrows=2, ncols=4)
     assert len(axes) == 8
+
+
+@pytest.fixture
+def no_full_copy(tmp_path, monkeypatch):
+    """No full copy anywhere: no D2L_MULTI_DATA, an empty cache, Debian's folder hidden."""
+    monkeypatch.delenv(dm.DATA_ENV, raising=False)
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    for spec in dm.DATASETS.values():
+        monkeypatch.setitem(spec, "debian", None)
+    dm._load_cached.cache_clear()
+    yield
+    dm._load_cached.cache_clear()
+
+
+@pytest.mark.parametrize("cls", [d2l.FashionMNIST, d2l.MNIST])
+def test_smoke_runs_use_the_shipped_sample_without_a_full_copy(cls, no_full_copy, monkeypatch):
+    monkeypatch.setenv(d2l.SMOKE_ENV, "1")
+    assert dm.dataset_dir(cls.name) == dm.sample_dir(cls.name)
+    data = cls(batch_size=64, num_train=8192)  # asks for more: the smoke switch keeps 2048
+    assert data.train[0].shape == (2048, 28, 28, 1) and data.val[0].shape == (512, 28, 28, 1)
+    assert sorted(np.unique(data.train[1])) == list(range(10))
+    with pytest.raises(ValueError, match="num_train=70000: pass a number of examples from 1 "
+                                         "to 60000"):
+        cls(batch_size=64, num_train=70000)   # checked against the full data set
+
+
+def test_full_runs_never_use_the_sample(no_full_copy, monkeypatch):
+    monkeypatch.delenv(d2l.SMOKE_ENV, raising=False)
+    with pytest.raises(dm.DataError, match="Provide the data in one of three ways"):
+        dm.dataset_dir("fashion-mnist", progress=False)   # the download is refused offline
+
+
+def test_a_damaged_sample_is_refused(no_full_copy, monkeypatch, tmp_path):
+    damaged = tmp_path / "sample" / "fashion-mnist"
+    damaged.mkdir(parents=True)
+    for f in dm.sample_dir("fashion-mnist").iterdir():
+        (damaged / f.name).write_bytes(f.read_bytes())
+    name = "t10k-labels-idx1-ubyte.gz"
+    (damaged / name).write_bytes(gzip.compress(b"\0\0\x08\x01\0\0\x02\0" + bytes(512)))
+    monkeypatch.setattr(dm, "sample_dir", lambda _: damaged)
+    monkeypatch.setenv(d2l.SMOKE_ENV, "1")
+    with pytest.raises(dm.DataError, match=f"{name}: checksum mismatch"):
+        d2l.FashionMNIST(64)
+
+
+@real
+@pytest.mark.parametrize("name", ["fashion-mnist", "mnist"])
+def test_the_sample_is_the_first_examples_of_the_full_data(name):
+    full = dm.load_dataset(name)
+    sample = dm._load_cached(name, str(dm.sample_dir(name)))
+    for split, n in dm.SAMPLE_SIZES.items():
+        for f, s in zip(full[split], sample[split]):
+            np.testing.assert_array_equal(f[:n], s)

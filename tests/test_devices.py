@@ -77,8 +77,9 @@ def fake(platform, n):
 
 @pytest.mark.parametrize("gpus,chosen,reason", [
     (0, "cpu", "8 CPU devices (no accelerator found)"),
-    (1, "cpu", "8 simulated CPU devices: with a single GPU there is nothing to split over "
-               "(it stays available as jax.devices('gpu')[0])"),
+    (1, "cpu", "8 simulated CPU devices: with a single GPU there is nothing to split over, "
+               "so the CPU is JAX's default backend (jax.devices() and jax.make_mesh use the "
+               "CPU devices); the GPU stays available as jax.devices('gpu')[0]"),
     (2, "gpu", "2 GPU devices"),
     (8, "gpu", "8 GPU devices"),
 ])

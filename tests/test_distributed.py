@@ -7,6 +7,8 @@ to rounding, against 1 process x 8 devices). The fault tests, each bounded, kill
 the launcher, let a worker raise while its peer sleeps, leave a child behind, run out of time,
 and feed every command and function wrong values.
 """
+import fcntl
+import ipaddress
 import json
 import os
 import pathlib
@@ -111,14 +113,35 @@ def snapshot(directory):
 
 
 def test_launcher_settings_checks_process_id():
-    env = {"D2L_MULTI_COORDINATOR_ADDRESS": "127.0.0.1:1234", "D2L_MULTI_NUM_PROCESSES": "2",
-           "D2L_MULTI_PROCESS_ID": "2", "D2L_MULTI_DEVICES_PER_PROCESS": "4"}
+    env = launch.job_env(1, 2, 4, 1234)
     with pytest.raises(ValueError, match="PROCESS_ID=2 but the job has only 2 processes"):
-        d2l.launcher_settings(env)
+        d2l.launcher_settings({**env, "D2L_MULTI_PROCESS_ID": "2"})
     with pytest.raises(ValueError, match="NUM_PROCESSES='two' is not an integer"):
         d2l.launcher_settings({**env, "D2L_MULTI_NUM_PROCESSES": "two"})
-    assert d2l.launcher_settings({**env, "D2L_MULTI_PROCESS_ID": "1"})["process_id"] == 1
+    with pytest.raises(ValueError, match="D2L_MULTI_JOB_SECRET is missing or malformed"):
+        d2l.launcher_settings({**env, "D2L_MULTI_JOB_SECRET": "guess"})
+    assert d2l.launcher_settings(env)["process_id"] == 1
     assert d2l.launcher_settings({}) is None
+
+
+def dead_pid():
+    """The id of a process that has ended."""
+    proc = subprocess.Popen(["true"])
+    proc.wait()
+    return proc.pid
+
+
+def test_settings_left_over_from_another_launch_are_refused_at_once():
+    """D2L_MULTI_* settings left in a shell: a lone run says so instead of waiting for a
+    coordinator that never comes (and aborting with a C++ trace)."""
+    env = {**os.environ, **launch.job_env(1, 2, 1, launch.free_port()),
+           "D2L_MULTI_LAUNCHER_PID": str(dead_pid())}
+    result = subprocess.run([PY, "-m", "d2l_multi.mp_train", *MP], capture_output=True,
+                            text=True, env=env, timeout=50)  # JAX would wait 60 s
+    assert result.returncode == 2, result.stderr
+    assert "come from a launch (launcher pid" in result.stderr
+    assert "that did not start this process; unset them to run alone" in result.stderr
+    assert "Traceback" not in result.stderr and result.stderr.count("\n") == 1
 
 
 def test_detect_cluster():
@@ -187,11 +210,16 @@ def test_exit_worker_checks_the_status(status):
         d2l.exit_worker(status)
 
 
-def test_exit_worker_alone_exits_normally():
-    for status in (0, 3):
-        with pytest.raises(SystemExit) as e:
-            d2l.exit_worker(status)
-        assert e.value.code == status
+def test_exit_worker_ends_a_failure_at_once():
+    """Success exits normally; a failure does not wait for a thread left waiting (as Orbax's
+    are after a failed save), alone or in a job."""
+    with pytest.raises(SystemExit) as e:
+        d2l.exit_worker(0)
+    assert e.value.code == 0
+    waiting = ("import threading, d2l_multi as d2l\n"
+               "threading.Thread(target=threading.Event().wait).start()\n"
+               "d2l.exit_worker(3)")
+    assert subprocess.run([PY, "-c", waiting], timeout=60).returncode == 3
 
 
 def test_process_batches_split_global_batches(monkeypatch):
@@ -262,12 +290,9 @@ def test_survivor_fails_fast_without_launcher():
                 line = p.stdout.readline()
             assert line.startswith("ready 4.0"), line
         procs[1].kill()
-        killed = time.monotonic()
-        code = procs[0].wait(timeout=40)
-        waited = time.monotonic() - killed
+        code = procs[0].wait(timeout=90)  # JAX's default heartbeat timeout is 100 s
         output = procs[0].stdout.read()
         assert code == -signal.SIGABRT, output[-2000:]  # JAX's fatal error: abort()
-        assert waited < 25, f"the survivor took {waited:.1f} s to notice"
         assert "another task died" in output or "heartbeat" in output, output[-2000:]
     finally:
         for p in procs:
@@ -302,9 +327,7 @@ def test_a_worker_that_raises_ends_the_job_while_its_peer_sleeps():
     shutdown barrier for p0) and the launcher stops p0."""
     job = Job(["-n", "2", "--grace-period", "1"], [PY, "-c", RAISE_WHILE_PEER_SLEEPS])
     job.wait_for("[p1] joined", timeout=60)
-    raised = time.monotonic()
-    assert job.finish(timeout=40) == 1, job.output
-    assert time.monotonic() - raised < 20
+    assert job.finish(timeout=90) == 1, job.output  # JAX's shutdown barrier would wait 120 s
     assert "RuntimeError: the gloo context could not be set up" in job.output
     assert "FAILED: worker p1 died first (exit code 1)" in job.output
     assert "p0 (pid" in job.output and "stopped by the launcher" in job.output
@@ -352,12 +375,10 @@ OK = ["--", PY, "-c", "pass"]  # a command that would run
     (["--", "no_such_script.py"], 127, "no Python script 'no_such_script.py'"),
 ])
 def test_launch_refuses_bad_arguments_before_starting_anything(capsys, argv, status, message):
-    start = time.monotonic()
     assert launch.main(argv) == status
     err = capsys.readouterr().err
     assert message in err, err
     assert len(err.strip().splitlines()) == 1 and "Traceback" not in err, err
-    assert time.monotonic() - start < 5
 
 
 @pytest.mark.parametrize("kwargs,message", [
@@ -412,15 +433,179 @@ SLOW_START = ('echo initialising; if [ "$D2L_MULTI_PROCESS_ID" = 1 ]; then sleep
 def test_timeout_stops_the_job_and_names_the_worker_it_waits_on():
     job = Job(["-n", "2", "--timeout", "3", "--grace-period", "0.5"], ["sh", "-c", SLOW_START])
     pids = worker_pids(job)
-    start = time.monotonic()
-    assert job.finish(timeout=30) == launch.TIMEOUT_STATUS, job.output
-    assert time.monotonic() - start < 15
+    assert job.finish(timeout=60) == launch.TIMEOUT_STATUS, job.output  # the workers sleep 60 s
     out = job.output
     assert "timed out: the job did not finish within --timeout 3 s; still running: p0" in out
     assert "p0 (pid" in out and "last printed" in out and "'initialising'" in out
     assert "'step 1'" in out
     assert "the job waits on p0" in out and "FAILED: stopped by --timeout 3 s" in out
     assert not any(alive(pid) for pid in pids.values())
+
+
+def listening(port):
+    """The local addresses that listen on TCP ``port`` (read from /proc/net/tcp and tcp6)."""
+    found = []
+    for table in ("tcp", "tcp6"):
+        path = pathlib.Path("/proc/net") / table
+        if not path.exists():
+            continue
+        for line in path.read_text().splitlines()[1:]:
+            local, state = line.split()[1], line.split()[3]
+            address, hexport = local.rsplit(":", 1)
+            if state == "0A" and int(hexport, 16) == port:  # 0A: LISTEN
+                raw = b"".join(bytes.fromhex(address[i:i + 8])[::-1]
+                               for i in range(0, len(address), 8))
+                address = ipaddress.ip_address(raw)
+                found.append(getattr(address, "ipv4_mapped", None) or address)
+    return found
+
+
+JOIN_AND_WAIT = """
+import time, d2l_multi as d2l
+d2l.initialize_distributed()
+print('joined', flush=True)
+time.sleep(600)
+"""
+
+
+@pytest.mark.skipif(not pathlib.Path("/proc/net/tcp").exists(), reason="needs /proc/net")
+def test_the_coordinator_listens_on_loopback_only():
+    job = Job(["-n", "2"], [PY, "-c", JOIN_AND_WAIT])
+    port = int(re.search(r"coordinator 127\.0\.0\.1:(\d+)", job.wait_for("coordinator", 30))[1])
+    pids = worker_pids(job)
+    job.wait_for("joined", timeout=90, count=2)
+    addresses = listening(port)
+    job.proc.send_signal(signal.SIGINT)
+    assert job.finish(timeout=60) == 128 + signal.SIGINT, job.output
+    assert addresses and all(a.is_loopback for a in addresses), addresses
+    assert not any(alive(pid) for pid in pids.values())
+
+
+INTRUDED = """
+import d2l_multi as d2l
+d2l.initialize_distributed()
+import jax, jax.numpy as jnp
+from jax.experimental import multihost_utils
+print('sum', multihost_utils.process_allgather(jnp.ones(2)).sum(), flush=True)
+"""
+
+
+def test_a_program_this_launch_did_not_start_cannot_join():
+    """p1 is slow to start; a program with copied D2L_MULTI_* settings (but not the launch's
+    secret) joins as process 1 first: process 0 stops before any data moves."""
+    late_p1 = ('if [ "$D2L_MULTI_PROCESS_ID" = 1 ]; then sleep 120; fi; '
+               'exec "$0" -c "$1"')
+    job = Job(["-n", "2", "--grace-period", "0.5"], ["sh", "-c", late_p1, PY, INTRUDED])
+    port = int(re.search(r"coordinator 127\.0\.0\.1:(\d+)", job.wait_for("coordinator", 30))[1])
+    pids = worker_pids(job)
+    intruder = subprocess.run(
+        [PY, "-c", INTRUDED], env=dict(os.environ, **launch.job_env(1, 2, 1, port)),
+        capture_output=True, text=True, timeout=120)
+    assert job.finish(timeout=60) == 1, job.output
+    assert "[p0] PermissionError: process 1 did not show this launch's secret: a program " \
+           "that this launch did not start joined the job as process 1" in job.output
+    assert "FAILED: worker p0 died first (exit code 1)" in job.output
+    assert "] sum" not in job.output and "sum" not in intruder.stdout
+    assert intruder.returncode != 0
+    assert not any(alive(pid) for pid in pids.values())
+
+
+IGNORE_TERM = ("import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); "
+               "print('ready', flush=True); time.sleep(600)")
+
+
+@pytest.mark.parametrize("signals", [(signal.SIGINT, signal.SIGINT), (signal.SIGTERM,),
+                                     (signal.SIGTERM, signal.SIGTERM),
+                                     (signal.SIGHUP, signal.SIGHUP)],
+                         ids=["two SIGINT", "SIGTERM", "two SIGTERM", "two SIGHUP"])
+def test_signals_to_the_launcher_leave_no_worker_alive(signals):
+    """Workers ignore SIGTERM (JAX workers do); a second signal during the clean-up must not
+    cut it short: when the launcher exits, no worker is left, and it says what it did."""
+    job = Job(["-n", "2", "--grace-period", "5"], [PY, "-c", IGNORE_TERM])
+    pids = worker_pids(job)
+    job.wait_for("ready", timeout=30, count=2)
+    for sig in signals:
+        job.proc.send_signal(sig)
+        time.sleep(0.2)
+    assert job.finish(timeout=60) == 128 + signals[0], job.output
+    assert not any(alive(pid) for pid in pids.values()), job.output
+    name = signal.Signals(signals[0]).name
+    assert f"interrupted by {name}: stopping the workers" in job.output
+    assert "stopped all 2 worker(s)" in job.output and "Traceback" not in job.output
+
+
+def test_a_signal_during_the_timeout_s_grace_period_ends_it():
+    job = Job(["-n", "1", "--timeout", "2", "--grace-period", "300"], [PY, "-c", IGNORE_TERM])
+    pids = worker_pids(job)
+    job.wait_for("timed out", timeout=60)
+    job.proc.send_signal(signal.SIGINT)
+    assert job.finish(timeout=120) == launch.TIMEOUT_STATUS, job.output  # not 300 s
+    assert not any(alive(pid) for pid in pids.values())
+
+
+CHATTY = "import itertools\nfor i in itertools.count():\n    print('line', i, flush=True)"
+
+
+def test_a_reader_that_goes_away_stops_the_job():
+    """``launch ... | head -1``: the launcher stops the workers instead of hanging."""
+    proc = subprocess.Popen([PY, "-m", "d2l_multi", "launch", "-n", "2", "--", PY, "-c", CHATTY],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    assert proc.stdout.readline().startswith("[p")
+    proc.stdout.close()
+    try:
+        code = proc.wait(timeout=60)
+    finally:
+        proc.kill()
+    err = proc.stderr.read()
+    assert code == 128 + signal.SIGPIPE, err
+    assert "the reader of the output has gone" in err and "Traceback" not in err, err
+    pids = [int(p) for p in re.findall(r"pid (\d+)", err.split("started ", 1)[1].splitlines()[0])]
+    assert len(pids) == 2 and not any(alive(pid) for pid in pids)
+
+
+def test_a_stopped_worker_is_named_as_the_cause():
+    """p1 stopped with SIGSTOP sends no heartbeat; p0 is aborted by JAX for it: the report
+    names the stop, not only p0's abort."""
+    job = Job(["-n", "2", "--heartbeat-timeout", "3", "--grace-period", "1"],
+              [PY, "-c", JOIN_AND_WAIT])
+    pids = worker_pids(job)
+    job.wait_for("joined", timeout=90, count=2)
+    os.kill(pids["p1"], signal.SIGSTOP)
+    assert job.finish(timeout=120) != 0, job.output
+    assert "after p1 had been stopped (SIGSTOP or Ctrl-Z): a stopped worker sends no " \
+           "heartbeat, so its peers count it dead" in job.output
+    assert not any(alive(pid) for pid in pids.values())
+
+
+def test_the_command_s_own_double_dash_stays_with_it():
+    assert launch.split_command(["-n", "2", "python", "w.py", "--", "--x"]) == (
+        ["-n", "2"], ["python", "w.py", "--", "--x"])
+    assert launch.split_command(["-n", "2", "--", "python", "w.py", "--", "--x"]) == (
+        ["-n", "2"], ["python", "w.py", "--", "--x"])
+    assert launch.split_command(["--port", "9", "w.py"]) == (["--port", "9"], ["w.py"])
+
+
+@pytest.mark.parametrize("process_id,devices,gpus,ok", [
+    (0, 1, None, True), (1, 4, 8, True), (2, 4, 8, False), (1, 1, 1, False), (3, 2, 0, True)])
+def test_gpu_ids_are_checked_against_the_gpus_present(process_id, devices, gpus, ok):
+    from d2l_multi import distributed
+    if ok:
+        distributed._check_gpu_ids(process_id, devices, gpus)
+        return
+    last = (process_id + 1) * devices
+    with pytest.raises(ValueError, match=rf"process {process_id} would use GPUs "
+                                         rf"{last - devices}..{last - 1}, but this machine "
+                                         rf"has {gpus} GPU\(s\)"):
+        distributed._check_gpu_ids(process_id, devices, gpus)
+
+
+def test_the_gpus_present_are_counted_from_the_driver(tmp_path):
+    from d2l_multi import distributed
+    assert distributed._gpus_here({}, str(tmp_path / "none")) is None
+    for i in range(4):
+        (tmp_path / f"0000:0{i}:00.0").mkdir()
+    assert distributed._gpus_here({}, str(tmp_path)) == 4
+    assert distributed._gpus_here({"CUDA_VISIBLE_DEVICES": "1,3"}, str(tmp_path)) == 2
 
 
 def test_gloo_chatter_is_dropped():
@@ -490,13 +675,10 @@ def test_two_processes_crash_resume_and_match_one_process(tmp_path, uninterrupte
               [*args, "--crash-at-step", "4"])
     pids = worker_pids(job)
     job.wait_for("crashing on purpose at step 4", timeout=150)
-    crashed = time.monotonic()
-    code = job.finish(timeout=30)
-    stopped_after = time.monotonic() - crashed
+    code = job.finish(timeout=90)  # p0 would wait 120 s in its next collective
     assert code == 128 + signal.SIGKILL, job.output
     assert "FAILED: worker p1 died first (killed by SIGKILL)" in job.output
     assert "process 1 of 2: 4 local cpu devices of 8" in job.output
-    assert stopped_after < 15, f"the job took {stopped_after:.1f} s to stop"
     assert not any(alive(pid) for pid in pids.values()), job.output
     assert d2l.saved_steps(tmp_path / "checkpoints") == [3]  # 6 was never reached
     job = Job(["-n", "2", "--devices-per-process", "4"], [*args, "--resume"])
@@ -522,8 +704,12 @@ def test_resuming_refuses_checkpoints_of_another_run(resumed, capsys):
             (args, "already holds checkpoints (steps [6, 8]); pass --resume to continue from "
                    "step 8, or another --out"),
             ([*args, "--resume", "--batch-size", "32"],
-             "was written with --batch-size 64 and 256 training examples"),
-            ([*args, "--resume", "--num-train", "1024"], "and 256 training examples"),
+             "was written with --batch-size 64 (this run: 32), so its steps do not continue "
+             "this run; resume with the settings it was written with, or pass another --out"),
+            ([*args, "--resume", "--num-train", "1024"],
+             "was written with training examples 256 (this run: 1024)"),
+            ([*args, "--resume", "--lr", "0.1", "--seed", "3"],
+             "was written with --seed 0 (this run: 3), --lr 0.2 (this run: 0.1)"),
             ([*args, "--resume", "--steps", "2"], "is of step 8, past the last step of this "
                                                   "run (2)")]:
         assert mp_train.main([str(a) for a in argv]) == 2
@@ -532,18 +718,130 @@ def test_resuming_refuses_checkpoints_of_another_run(resumed, capsys):
     assert snapshot(resumed["out"]) == before
 
 
-def test_a_damaged_checkpoint_is_one_line_naming_the_fix(resumed, tmp_path, capsys):
+@pytest.mark.parametrize("damage,status,message", [
+    ("metadata", 1, "8 is damaged: state/_METADATA is not valid JSON"),
+    ("layouts", 1, "8 is damaged: state/_sharding is not valid JSON"),
+    ("copy", 1, "12 holds the state of step 6, not of step 12: it was copied or renamed"),
+    ("stray", 1, "holds 100, which are not checkpoints"),
+])
+def test_a_checkpoint_folder_that_cannot_be_resumed_is_one_line_naming_the_fix(
+        resumed, tmp_path, capsys, damage, status, message):
     out = tmp_path / "run"
     shutil.copytree(resumed["out"], out)
-    metadata = out / "checkpoints" / "8" / "state" / "_METADATA"
-    metadata.write_bytes(metadata.read_bytes()[:50])
+    checkpoints = out / "checkpoints"
+    if damage in ("metadata", "layouts"):
+        f = checkpoints / "8" / "state" / ("_METADATA" if damage == "metadata" else "_sharding")
+        f.write_bytes(f.read_bytes()[:50])
+    elif damage == "copy":
+        shutil.copytree(checkpoints / "6", checkpoints / "12")
+    else:
+        (checkpoints / "100").mkdir()
     before = snapshot(out)
-    assert mp_train.main([*MP, "--out", str(out), "--resume"]) == 1
+    assert mp_train.main([*MP, "--epochs", "30", "--out", str(out), "--resume"]) == status
     err = capsys.readouterr().err
-    assert f"the latest checkpoint {out / 'checkpoints' / '8'} is damaged (" in err
-    assert "delete that folder to resume from step 6, or pass another --out" in err
+    assert message in err, err
+    if damage != "stray":
+        latest = checkpoints / ("12" if damage == "copy" else "8")
+        assert f"the latest checkpoint {latest} cannot be used (" in err
+        assert f"delete that folder to resume from step {6 if damage != 'copy' else 8}" in err
     assert err.count("error:") == 1 and "Traceback" not in err, err
     assert snapshot(out) == before
+
+
+def test_two_runs_on_one_out_are_refused(resumed, tmp_path, capsys):
+    """Another run holds OUT/.lock: this one is refused instead of replacing its files."""
+    out = tmp_path / "run"
+    shutil.copytree(resumed["out"], out)
+    before = snapshot(out)
+    with open(out / ".lock", "a") as held:
+        fcntl.flock(held, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        assert mp_train.main([*MP, "--out", str(out), "--resume"]) == 1
+    err = capsys.readouterr().err
+    assert f"--out {out} is in use by another run; wait until it ends, or pass another " \
+           f"--out" in err and "Traceback" not in err, err
+    assert snapshot(out) == before
+
+
+def test_a_checkpoint_folder_whose_path_is_too_long_is_refused(tmp_path):
+    """A path too long for the checkpoint's files: one message and exit 1 before any save
+    (a save would fail in Orbax's threads and leave the others waiting)."""
+    length = 4040 - len(str(tmp_path))  # PATH_MAX is 4096: the checkpoint's files go past it
+    out = tmp_path.joinpath(*["d" * 200] * (length // 201), "e" * (length % 201 - 1))
+    assert len(str(out)) == 4040
+    result = subprocess.run([PY, "-m", "d2l_multi.mp_train", *MP, "--out", str(out)],
+                            capture_output=True, text=True, timeout=240)
+    assert result.returncode == 1, result.stderr[-3000:]
+    assert result.stderr.count("error:") == 1, result.stderr[-3000:]
+    assert "the path of the checkpoint folder is 4052 characters long, and its files need " \
+           "about 160 more, past this system's limit of 4096; pass a shorter path" \
+           in result.stderr and "Traceback" not in result.stderr
+
+
+def small_files(*command):
+    """``command`` where files may not grow past 100 kB, as on a full disk (a write past it
+    fails: SIGXFSZ is ignored)."""
+    return ["sh", "-c", 'trap "" XFSZ; ulimit -f 200; exec "$@"', "sh", *command]
+
+
+def test_a_full_disk_is_one_line_and_status_1(tmp_path):
+    """The save fails in Orbax's threads; the run says so in one line with status 1 (not 2,
+    a bad argument)."""
+    result = subprocess.run(small_files(PY, "-m", "d2l_multi.mp_train", *MP, "--out",
+                                        str(tmp_path)), capture_output=True, text=True,
+                            timeout=240)
+    assert result.returncode == 1, result.stderr[-3000:]
+    assert "error: saving a checkpoint into" in result.stderr
+    assert "Traceback" not in result.stderr, result.stderr[-3000:]
+    assert d2l.saved_steps(tmp_path / "checkpoints") == []
+
+
+def test_a_failed_save_in_a_job_ends_it_within_the_collective_timeout(tmp_path):
+    """Both processes fail to write while Orbax's threads wait for each other: the waits end
+    after --collective-timeout, each process says why in one line, the job exits 1."""
+    result = subprocess.run(small_files(PY, "-m", "d2l_multi", "launch", "-n", "2",
+                                        "--collective-timeout", "20", "--timeout", "240", "--",
+                                        PY, "-m", "d2l_multi.mp_train", *MP, "--out",
+                                        str(tmp_path)), capture_output=True, text=True,
+                            timeout=300)
+    assert result.returncode == 1, result.stderr[-3000:]
+    assert re.search(r"\[p[01]\] python -m d2l_multi.mp_train: error: saving a checkpoint "
+                     r"into", result.stdout), result.stdout[-3000:]
+    assert "FAILED: worker p" in result.stderr and "died first (exit code 1)" in result.stderr
+
+
+LONG = ["--num-train", "256", "--num-val", "64", "--batch-size", "64", "--epochs", "1000"]
+
+
+def test_sigterm_saves_a_checkpoint_and_ends_the_run(tmp_path):
+    """A preemption notice (SIGTERM) to a lone run: it saves the step it reached, says so
+    and exits with 143; the checkpoint resumes."""
+    proc = subprocess.Popen([PY, "-m", "d2l_multi.mp_train", *LONG, "--out", str(tmp_path)],
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            env=dict(os.environ, D2L_MULTI_SMOKE="1"))
+    try:
+        line = proc.stdout.readline()
+        while line and not line.startswith("epoch 1:"):
+            line = proc.stdout.readline()
+        proc.send_signal(signal.SIGTERM)
+        output = line + proc.communicate(timeout=120)[0]
+    finally:
+        proc.kill()
+    assert proc.returncode == 128 + signal.SIGTERM, output
+    step = int(re.search(r"SIGTERM \(a preemption notice\): saved the checkpoint of step "
+                         r"(\d+); run again with --resume to continue", output)[1])
+    assert d2l.saved_steps(tmp_path / "checkpoints")[-1] == step
+
+
+def test_sigterm_to_one_worker_saves_the_same_step_in_every_process(tmp_path):
+    job = Job(["-n", "2", "--grace-period", "30"],
+              [PY, "-m", "d2l_multi.mp_train", *LONG, "--out", str(tmp_path)])
+    pids = worker_pids(job)
+    job.wait_for("[p0] epoch 1:", timeout=150)
+    os.kill(pids["p0"], signal.SIGTERM)
+    assert job.finish(timeout=150) == 128 + signal.SIGTERM, job.output
+    saved = job.wait_for("saved the checkpoint of step", timeout=1, count=2)
+    steps = {int(re.search(r"step (\d+);", line)[1]) for line in saved}
+    assert len(steps) == 1 and d2l.saved_steps(tmp_path / "checkpoints")[-1] in steps, saved
 
 
 def test_a_worker_whose_coordinator_port_is_taken_says_so(capsys):
@@ -605,10 +903,9 @@ def test_mp_train_refuses_bad_values_at_once_writing_nothing(tmp_path, capsys, a
     before = snapshot(tmp_path)
     argv = [a.replace("FILE", str(tmp_path / "FILE")) for a in argv]
     message = message.replace("FILE", str(tmp_path / "FILE"))
-    start = time.monotonic()
     assert mp_train.main([*MP, *argv]) == status
-    assert time.monotonic() - start < 30  # refused before any training
-    err = capsys.readouterr().err
+    out, err = capsys.readouterr()
+    assert "epoch" not in out  # refused before any training
     assert err.strip().splitlines()[-1].endswith(message) or message in err, err
     assert err.count("error:") == 1 and "Traceback" not in err, err
     assert snapshot(tmp_path) == before
@@ -659,7 +956,7 @@ def test_a_diverging_run_stops_and_commits_no_non_finite_checkpoint(tmp_path, ca
         state = d2l.restore_checkpoint(tmp_path / "checkpoints",
                                        mp_train.abstract_state(mp_train.data_mesh()), step)
         d2l.check_finite(state)
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["checkpoints"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == [".lock", "checkpoints"]
 
 
 def test_damaged_data_under_the_launcher_is_one_line_per_worker(tmp_path):

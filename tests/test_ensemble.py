@@ -1,21 +1,27 @@
-"""Ensembles (notebooks 08a and 08b): the pmap recipe and the stacked (vmap + NamedSharding) twin
-train the same members to the same parameters; the members really differ and train
-independently (only probabilities are shared); the ensemble's accuracy is the accuracy of the
-members' averaged probabilities, also with several members per device; map_members keeps every
-member on its device (one member's FLOPs per device, no all-gather); the training loops of both
-notebooks agree; bad ensemble sizes and meshes fail with the fix.
+"""Ensembles (notebook 08 and appendix A2): the pmap recipe, its jit(shard_map) twin and the
+stacked (vmap + NamedSharding) ensemble train the same members to the same parameters; the
+members really differ and train independently (only probabilities are shared); the ensemble's
+accuracy is the accuracy of the members' averaged probabilities, also with several members per
+device; map_members keeps every member on its device (one member's FLOPs per device, no
+all-gather); the training loops of both notebooks agree; bad ensemble sizes and meshes fail with
+the fix, while the functions the chapter shows carry no checks.
 
 Tolerance: ``allclose(rtol=1e-5, atol=1e-6)`` on the whole train state (float32; the twin
 computes every member's step with the same operations, batched differently).
 Inputs are small random batches (8 images) so the slow jit(vmap) path stays fast.
 """
+import functools
+import inspect
+import re
+
 import jax
 import numpy as np
 import pytest
 from flax import jax_utils
-from jax.sharding import PartitionSpec as P
+from jax.sharding import NamedSharding, PartitionSpec as P
 
 import d2l_multi as d2l
+from recording import RecordingData
 from trees import SGD_TOL, assert_trees_close
 
 K = 3                 # SGD steps, k >= 3
@@ -43,12 +49,11 @@ def batches():
 
 @pytest.fixture(scope="module")
 def pmap_run(keys, batches):
-    """The Flax recipe: initial state, then K steps of apply_ensemble + update_model."""
+    """The Flax recipe: initial state, then K pmapped ensemble steps."""
     initial = state = d2l.create_ensemble_state(keys, LR, MOMENTUM)
     metrics = []
     for X, y in batches:
-        grads, loss, accuracy = d2l.apply_ensemble(state, *jax_utils.replicate((X, y)))
-        state = d2l.update_model(state, grads)
+        state, loss, accuracy = d2l.ensemble_step(state, *jax_utils.replicate((X, y)))
         metrics.append((np.asarray(loss), np.asarray(accuracy)))
     return initial, state, metrics
 
@@ -131,7 +136,29 @@ def numpy_accuracies(probs, labels):
     return ((probs.argmax(-1) == labels).mean(1), (probs.mean(0).argmax(-1) == labels).mean())
 
 
-def test_apply_ensemble_accuracy_is_that_of_averaged_probabilities(pmap_run):
+def test_shard_map_twin_of_pmap_gives_the_same_steps(pmap_run, batches):
+    """Notebook 08's twin: jit(shard_map) over a mesh axis 'ensemble', each device squeezing
+    its block to one member, as pmap does inside."""
+    mesh = d2l.device_mesh((NUM_DEVICES,), ("ensemble",))
+
+    @jax.jit
+    @functools.partial(jax.shard_map, mesh=mesh, in_specs=(P("ensemble"), P(), P()),
+                       out_specs=P("ensemble"))
+    def twin_step(state, images, labels):
+        member = jax.tree.map(lambda a: a[0], state)
+        out = d2l.member_step(member, images, labels, axis_name="ensemble")
+        return jax.tree.map(lambda a: a[None], out)
+
+    initial, pmapped, metrics = pmap_run
+    state = jax.device_put(initial, NamedSharding(mesh, P("ensemble")))
+    for (X, y), (loss_p, acc_p) in zip(batches, metrics):
+        state, loss, accuracy = twin_step(state, X, y)
+        np.testing.assert_allclose(np.asarray(loss), loss_p, **TOL)
+        np.testing.assert_allclose(np.asarray(accuracy), acc_p, **TOL)
+    assert_trees_close(state, pmapped)
+
+
+def test_ensemble_step_accuracy_is_that_of_averaged_probabilities(pmap_run):
     _, state, _ = pmap_run
     X = np.random.default_rng(2).random((32, 28, 28, 1), dtype=np.float32)
     probs = member_probs(state, X)
@@ -142,16 +169,13 @@ def test_apply_ensemble_accuracy_is_that_of_averaged_probabilities(pmap_run):
     members, ensemble = numpy_accuracies(probs, labels)
     assert ensemble == 0.75
     assert not np.all(members == 0.75)  # the members predict otherwise: the test can tell
-    _, _, accuracy = d2l.apply_ensemble(state, *jax_utils.replicate((X, labels)))
+    _, _, accuracy = d2l.ensemble_step(state, *jax_utils.replicate((X, labels)))
     np.testing.assert_allclose(np.asarray(accuracy), np.full(NUM_DEVICES, ensemble))
-    # evaluate_ensemble (pmap) and evaluate_stacked (shard_map), over two batches
-    batches = [(X[:16], labels[:16]), (X[16:], labels[16:])]
+    # the same members stacked, one step of map_members (shard_map)
     mesh = model_mesh()
-    for member_acc, ensemble_acc in [
-            d2l.evaluate_ensemble(state, batches),
-            d2l.evaluate_stacked(d2l.shard(state, mesh, P("model")), batches, mesh)]:
-        np.testing.assert_allclose(member_acc, members)
-        assert ensemble_acc == pytest.approx(ensemble)
+    _, _, accuracy = d2l.map_members(d2l.member_step, mesh)(
+        d2l.shard(state, mesh, P("model")), *d2l.shard((X, labels), mesh))
+    np.testing.assert_allclose(np.asarray(accuracy), np.full(NUM_DEVICES, ensemble))
 
 
 # ----- bad input: the error names the value and the fix -----
@@ -217,15 +241,15 @@ def test_members_train_independently(keys, batches, pmap_run):
                                                       pmapped.params))
 
 
-def test_evaluate_stacked_averages_all_members_with_two_per_device(sixteen_initial):
+def test_map_members_averages_all_members_with_two_per_device(sixteen_initial):
     """16 members on 8 devices: the ensemble averages over ('model', 'member'), all 16."""
     mesh, state = model_mesh(), sixteen_initial
     X = np.random.default_rng(4).random((24, 28, 28, 1), dtype=np.float32)
     probs = member_probs(state, X)
     labels = probs.mean(0).argmax(-1).astype(np.int32)   # the ensemble is always right
-    members, ensemble = d2l.evaluate_stacked(state, [(X, labels)], mesh)
-    assert ensemble == 1.0
-    np.testing.assert_allclose(members, (probs.argmax(-1) == labels).mean(1))
+    _, _, accuracy = d2l.map_members(d2l.member_step, mesh)(
+        state, *d2l.shard((X, labels), mesh))
+    np.testing.assert_allclose(np.asarray(accuracy), np.ones(2 * NUM_DEVICES))
     # the test can tell: averaging over 'model' alone would give each member the average of
     # the even or of the odd members (one per device), which disagrees with all 16 somewhere
     assert not np.all(probs[::2].mean(0).argmax(-1) == labels) or not np.all(
@@ -248,42 +272,55 @@ def test_map_members_keeps_every_member_on_its_device(stacked_initial, batches):
 
 
 class TinyData:
-    """Two training batches and one test batch of random images, like d2l.FashionMNIST."""
+    """Two training batches of random images, like d2l.FashionMNIST's training loader."""
 
     def __init__(self, batches):
-        self.train_batches, self.test_batch = batches[:2], batches[2]
+        self.train_batches = batches[:2]
 
     def get_dataloader(self, train, batch_size=None, drop_last=False):
-        return list(self.train_batches) if train else [self.test_batch]
+        return list(self.train_batches)
 
 
-def test_train_ensemble_and_train_stacked_agree(monkeypatch, stacked_initial, batches,
-                                                pmap_run):
-    """Notebook 08a's loop (pmap) and 08b's (shard_map) from the same members on the same
-    batches: the same members, the same test accuracies; 2 epochs of 2 batches are 4 steps,
-    the smoke switch or not."""
+def test_train_ensemble_takes_one_ensemble_step_per_batch(monkeypatch, batches, pmap_run,
+                                                          capsys):
+    """Notebook 08's loop: 2 epochs of 2 batches are 4 ensemble steps, the smoke switch or
+    not, and it prints one line per epoch."""
     monkeypatch.setenv(d2l.SMOKE_ENV, "1")
-    data, mesh = TinyData(batches), model_mesh()
-    state_p, members_p, ensemble_p = d2l.train_ensemble(pmap_run[0], data, num_epochs=2)
-    state_s, members_s, ensemble_s = d2l.train_stacked(stacked_initial, data, num_epochs=2,
-                                                       mesh=mesh)
-    assert int(np.asarray(state_p.step)[0]) == int(np.asarray(state_s.step)[0]) == 4
-    assert_trees_close(jax.tree.leaves(state_p), jax.tree.leaves(state_s))
-    assert members_p.shape == members_s.shape == (NUM_DEVICES,)
-    np.testing.assert_allclose(members_p, members_s)
-    assert ensemble_p == pytest.approx(ensemble_s) and 0 <= ensemble_p <= 1
+    data = TinyData(batches)
+    trained = d2l.train_ensemble(pmap_run[0], data, num_epochs=2)
+    state = pmap_run[0]
+    for X, y in batches[:2] * 2:
+        state, _, _ = d2l.ensemble_step(state, *jax_utils.replicate((X, y)))
+    assert int(np.asarray(trained.step)[0]) == 4
+    assert_trees_close(trained, state, dict(rtol=0, atol=0))
+    assert capsys.readouterr().out.count("epoch") == 2
+
+
+def test_the_ensemble_loop_reshuffles_every_epoch(pmap_run):
+    data = RecordingData()
+    d2l.train_ensemble(pmap_run[0], data, num_epochs=2)
+    d2l.train_ensemble(pmap_run[0], data, num_epochs=2)   # a rerun sees the same batches
+    assert data.epochs == [0, 1, 0, 1]
 
 
 @pytest.mark.parametrize("bad", [0, -1, float("nan")])
-def test_training_loops_need_a_positive_number_of_epochs(bad, pmap_run, stacked_initial):
-    data = TinyData([None, None, None])
+def test_training_loop_needs_a_positive_number_of_epochs(bad, pmap_run):
     with pytest.raises(ValueError, match="num_epochs"):
-        d2l.train_ensemble(pmap_run[0], data, num_epochs=bad)
-    with pytest.raises(ValueError, match="num_epochs"):
-        d2l.train_stacked(stacked_initial, data, num_epochs=bad, mesh=model_mesh())
+        d2l.train_ensemble(pmap_run[0], TinyData([None, None]), num_epochs=bad)
 
 
 def test_map_members_needs_a_model_axis():
     with pytest.raises(ValueError) as e:
         d2l.map_members(d2l.member_step, d2l.device_mesh())
     assert "'model'" in str(e.value) and "('data',)" in str(e.value)
+
+
+@pytest.mark.parametrize("name", ["create_ensemble_state", "train_ensemble",
+                                  "create_stacked_ensemble", "map_members"])
+def test_the_public_name_checks_then_runs_the_shown_function(name):
+    """The chapter shows these functions without argument checks; the library's public
+    names check first (d2l.validated), so bad input still gets a clear message."""
+    public = getattr(d2l, name)
+    shown = inspect.unwrap(public)
+    assert shown is not public
+    assert not re.search(r"\bcheck_\w+\(|\bisinstance\(", inspect.getsource(shown))

@@ -8,6 +8,7 @@ import pytest
 from flax import nnx
 
 import d2l_multi as d2l
+from recording import RecordingData
 
 TINY_ARCH = ((1, 4), (1, 8))  # a two-stage ResNet: fast to compile
 
@@ -93,6 +94,13 @@ def test_train_nnx_trains_data_parallel_and_evaluates_in_inference_mode():
     assert not np.allclose(np.asarray(model.bn.mean[...]), before)  # running statistics moved
     assert model.bn.use_running_average is False  # back in training mode after evaluating
     assert len(model.stem.kernel[...].sharding.device_set) == 2     # replicated on 2 devices
+
+
+def test_train_nnx_reshuffles_every_epoch_and_a_rerun_sees_the_same_batches():
+    data = RecordingData()
+    for _ in range(2):
+        d2l.train_nnx(d2l.CNN(rngs=nnx.Rngs(0)), data, num_devices=1, lr=0.05, num_epochs=2)
+    assert data.epochs == [0, 1, 0, 1]
 
 
 @pytest.mark.parametrize("kwargs, error, message", [

@@ -11,7 +11,7 @@ import pytest
 CHAPTERS = pathlib.Path(__file__).resolve().parent.parent / "chapters"
 NOTEBOOKS = sorted(CHAPTERS.glob("*.ipynb"))
 FIRST_CELL = ("import d2l_multi as d2l\n"
-              "d2l.simulate_devices(8)  # 8 CPU devices unless there are at least two "
+              "d2l.simulate_devices(8)  # 8 CPU devices, unless there are 2+ "
               "accelerators\nimport jax\nimport jax.numpy as jnp")
 SCAFFOLDING = re.compile(r"d2l\.(pick|smoke|shrink)\(|\bSMOKE\b|throttle|D2L_MULTI_SMOKE|"
                          r"block_until_ready\(.*\)\s*#.*(deadlock|queue)")

@@ -591,7 +591,239 @@ def resume_timeline():
     save(fig, "resume_timeline")
 
 
-FIGURES += [checkpoint_layout, grain_pipeline, processes_and_devices, resume_timeline]
+def remat_stack():
+    """What a stack of 4 blocks holds while the backward pass is at block 3: every block's
+    saved activations (left), or only the block inputs and block 3 recomputed (right)."""
+    fig, ax = canvas(9.0, 3.6)
+    blue, orange = "#4C72B0", "#DD8452"
+    for x0, title, remat in ((0.3, "without rematerialisation", False),
+                             (4.8, "with rematerialisation", True)):
+        ax.text(x0 + 1.8, 3.35, title, ha="center", size=10, weight="bold")
+        for b in range(4):
+            x = x0 + b * 0.95
+            if b == 3:  # the backward pass is done with block 4: its memory is free
+                box(ax, x, 1.05, 0.7, 1.65, face="white", edge="#999999",
+                    style="square,pad=0.0", lw=0.6)
+                ax.text(x + 0.35, 2.0, "freed", ha="center", va="center", size=8,
+                        color="#777777")
+                ax.text(x + 0.35, 0.8, f"block {b + 1}", ha="center", size=8)
+                continue
+            box(ax, x, 1.05, 0.7, 0.25, face=blue, style="square,pad=0.0", lw=0.6)
+            if not remat or b == 2:
+                box(ax, x, 1.3, 0.7, 1.4, face=orange, style="square,pad=0.0", lw=0.6)
+                if remat:
+                    ax.text(x + 0.35, 2.0, "recom-\nputed\nnow", ha="center",
+                            va="center", size=8, color="white")
+            ax.text(x + 0.35, 0.8, f"block {b + 1}", ha="center", size=8)
+        arrow(ax, (x0, 0.55), (x0 + 3.6, 0.55), color="#555555")
+        ax.text(x0 + 1.8, 0.33, "forward", ha="center", size=8, color="#555555")
+        arrow(ax, (x0 + 3.6, 3.0), (x0 + 2.2, 3.0), color="#555555")
+        ax.text(x0 + 2.1, 3.0, "backward, at block 3", ha="right", va="center", size=8,
+                color="#555555")
+    legend = ((2.6, "block input", blue), (4.6, "other saved activations", orange))
+    for x, name, face in legend:
+        box(ax, x, 0.02, 0.22, 0.18, face=face, style="square,pad=0.0", lw=0.6)
+        ax.text(x + 0.3, 0.11, name, va="center", size=8)
+    save(fig, "remat_stack")
+
+
+def logical_layout():
+    """From logical names to a layout: the MLP's first kernel, named ('embed', 'mlp'),
+    the rules, and its 2 x 4 tiles on a ('data', 'model') mesh of 8 devices."""
+    fig, ax = canvas(9.0, 3.4)
+    ax.text(4.5, 3.2, "logical names + rules = a layout on the mesh", ha="center", size=10,
+            weight="bold")
+    box(ax, 0.6, 0.6, 2.0, 2.0, "kernel of MLP.up\n(d, 4d)", face=GREY, size=9)
+    ax.text(0.35, 1.6, "'embed'", rotation=90, ha="center", va="center", size=9)
+    ax.text(1.6, 2.75, "'mlp'", ha="center", size=9)
+    box(ax, 3.0, 1.05, 2.3, 1.1,
+        "rules\n'embed' -> 'data'\n'mlp' -> 'model'\n= P('data', 'model')", face="#FFF2CC",
+        size=8.5)
+    arrow(ax, (2.7, 1.6), (3.0, 1.6))
+    arrow(ax, (5.3, 1.6), (5.75, 1.6))
+    x0, y0, w, h = 6.1, 0.6, 0.5, 1.0
+    for r in range(2):
+        for c in range(4):
+            box(ax, x0 + c * w, y0 + (1 - r) * h, w, h, f"{4 * r + c}", face=LIGHT[r],
+                size=9, style="square,pad=0.0", lw=0.8)
+    ax.text(x0 - 0.25, 1.6, "'data' (2)", rotation=90, ha="center", va="center", size=9)
+    ax.text(x0 + 1.0, 2.75, "'model' (4)", ha="center", size=9)
+    ax.text(x0 + 1.0, 0.3, "tile on device k", ha="center", size=8, color="#555555")
+    save(fig, "logical_layout")
+
+
+FIGURES += [checkpoint_layout, grain_pipeline, processes_and_devices, resume_timeline,
+            remat_stack, logical_layout]
+
+
+def step_timeline():
+    """A data-parallel step on one device: the compute of its share, then the allreduce; with
+    overlap, the gradients of the last layers travel while the earlier ones are computed."""
+    fig, ax = canvas(8.6, 2.6)
+    x0, unit, length = 1.3, 1.2, 1.9   # inches: start, a third of the compute, the allreduce
+
+    def row(y, label, start, formula):
+        ax.text(0.1, y + 0.2, label, size=9, va="center")
+        box(ax, x0, y, unit, 0.4, "forward", face=LIGHT[0], size=8, style="square,pad=0.0")
+        box(ax, x0 + unit, y, 2 * unit, 0.4, "backward (gradients)", face=DEVICE[0],
+            color="white", size=8, style="square,pad=0.0")
+        below = start < x0 + 3 * unit
+        y_ar = y - 0.45 if below else y
+        box(ax, start, y_ar, length, 0.4, "allreduce", face="#FFF2CC", size=8,
+            style="square,pad=0.0")
+        end = start + length
+        ax.plot([end, end], [y_ar - 0.1, y + 0.5], color="#777777", lw=0.8, ls=":")
+        ax.text(end + 0.12, y_ar + 0.2, formula, size=9, va="center")
+
+    row(1.75, "no overlap", x0 + 3 * unit, r"$T = t_c + T_{\mathrm{allreduce}}$")
+    row(0.6, "overlap", x0 + 2.2 * unit, r"$T = \frac{1}{3}t_c + \max(\frac{2}{3}t_c,"
+        r"\ T_{\mathrm{allreduce}})$")
+    ax.text(x0 + 1.5 * unit, 2.35, r"compute of the share: $t_c(B/k)$", ha="center", size=9)
+    save(fig, "step_timeline")
+
+
+FIGURES += [step_timeline]
+
+
+def float_formats():
+    """The bits of float32, float16 and bfloat16: sign, exponent, fraction."""
+    fig, ax = canvas(8.4, 2.6)
+    unit = 0.2
+    rows = [("float32", 8, 23), ("float16", 5, 10), ("bfloat16", 8, 7)]
+    for r, (name, exp, frac) in enumerate(rows):
+        y = 2.05 - r * 0.65
+        ax.text(1.25, y + 0.15, name, ha="right", va="center", size=9, weight="bold")
+        x = 1.4
+        for width, face, label in ((1, "#C44E52", "sign"), (exp, "#4C72B0", f"exponent {exp}"),
+                                   (frac, "#55A868", f"fraction {frac}")):
+            box(ax, x, y, width * unit, 0.3, label if width > 3 else "", face=face,
+                color="white", size=7.5, style="square,pad=0.0", lw=0.6)
+            x += width * unit
+        ax.text(x + 0.1, y + 0.15, f"{1 + exp + frac} bits", va="center", size=8,
+                color="#555555")
+    ax.text(4.2, 0.2, "bfloat16: the range of float32 (8 exponent bits), "
+            "8 significant bits instead of 24", ha="center", size=8.5, color="#444444")
+    save(fig, "float_formats")
+
+
+def mixed_precision_step():
+    """One mixed-precision data-parallel step: float32 master weights, a bfloat16 compute copy,
+    bfloat16 gradients all-reduced, a float32 update."""
+    fig, ax = canvas(8.6, 2.3)
+    f32, bf16 = "#4C72B0", "#DD8452"
+    steps = [("master weights\nfloat32", f32), ("compute copy\nbfloat16", bf16),
+             ("forward, backward\nbfloat16", bf16), ("all-reduce\ngradients, bfloat16", bf16),
+             ("cast gradients\nto float32", f32), ("optimizer update\nfloat32 state", f32)]
+    for i, (text, face) in enumerate(steps):
+        x = 0.2 + i * 1.4
+        box(ax, x, 0.95, 1.15, 0.7, text, face=face, color="white", size=7.5)
+        if i:
+            arrow(ax, (x - 0.25, 1.3), (x, 1.3))
+    arrow(ax, (7.6, 0.95), (0.78, 0.95), rad=-0.2)
+    ax.text(4.3, 0.6, "the update is added in float32, where a small one survives",
+            ha="center", size=8, color="#444444")
+    ax.text(4.3, 2.0, "blue: float32, orange: bfloat16", ha="center", size=8, color="#444444")
+    save(fig, "mixed_precision_step")
+
+
+def overlap_timeline():
+    """FSDP forward over 4 layers: gathering each layer's weights before computing it (serial)
+    versus gathering layer i+1 while layer i computes (overlapped)."""
+    fig, ax = canvas(8.6, 2.9)
+    unit, comm, comp, x0 = 0.5, 1.0, 1.6, 1.15   # time units: a gather, a layer
+    rows = (("synchronous: gather the weights, then compute", False),
+            ("asynchronous: gather the next layer's weights during this layer", True))
+    for row, (title, overlap) in enumerate(rows):
+        y = 1.7 - row * 1.3
+        ax.text(0.2, y + 0.7, title, size=9, weight="bold")
+        ax.text(x0 - 0.1, y + 0.43, "compute", ha="right", va="center", size=7.5)
+        ax.text(x0 - 0.1, y + 0.09, "network", ha="right", va="center", size=7.5)
+        gather_start, layer_end = 0.0, 0.0
+        for i in range(4):
+            gather_end = gather_start + comm
+            layer_start = max(gather_end, layer_end)
+            box(ax, x0 + gather_start * unit, y - 0.04, comm * unit, 0.26,
+                f"gather {i + 1}", face="#FFF2CC", size=6.5, style="square,pad=0.0", lw=0.5)
+            box(ax, x0 + layer_start * unit, y + 0.3, comp * unit, 0.26, f"layer {i + 1}",
+                face=DEVICE[0], color="white", size=6.5, style="square,pad=0.0", lw=0.5)
+            layer_end = layer_start + comp
+            gather_start = layer_start if overlap else layer_end
+        ax.plot([x0 + layer_end * unit] * 2, [y - 0.08, y + 0.6], color=INK, lw=0.8, ls=":")
+        ax.text(x0 + layer_end * unit + 0.08, y + 0.25, "done", va="center", size=7.5)
+    save(fig, "overlap_timeline")
+
+
+FIGURES += [float_formats, mixed_precision_step, overlap_timeline]
+
+
+def collective_hang():
+    """Two ways an all-reduce waits forever: a device that never reaches it, and (XLA:CPU)
+    a thread pool with no thread left to run the last device's part."""
+    fig, ax = canvas(8.6, 3.6)
+    ax.text(0.15, 3.38, "a device skips the collective", size=9, weight="bold")
+    ax.text(4.5, 3.38, "XLA:CPU's 8 threads: none left for device 7", size=9, weight="bold")
+    for d in range(8):
+        y = 2.95 - d * 0.34
+        ax.text(0.15, y + 0.13, f"device {d}", size=7.5, va="center")
+        box(ax, 0.9, y, 0.8, 0.26, "compute", face=LIGHT[0], size=6.5,
+            style="square,pad=0.0", lw=0.5)
+        if d < 7:
+            box(ax, 1.75, y, 2.4, 0.26, "all-reduce: waits for device 7", face="#FFF2CC",
+                size=6.5, style="square,pad=0.0", lw=0.5)
+        else:
+            box(ax, 1.75, y, 0.9, 0.26, "other branch", face=LIGHT[3], size=6.5,
+                style="square,pad=0.0", lw=0.5)
+            ax.text(2.75, y + 0.13, "goes on", size=6.5, va="center", color=DEVICE[3])
+        label = (f"thread {d}: device {d}'s all-reduce, waiting" if d < 7 else
+                 "thread 7: launching a step, blocked (32 in flight)")
+        box(ax, 4.5, y, 3.0, 0.26, label, face="#FFF2CC" if d < 7 else LIGHT[3], size=6.5,
+            style="square,pad=0.0", lw=0.5)
+    box(ax, 7.6, 0.57, 0.9, 0.26, "device 7's part:\nno thread", face=GREY, size=6,
+        style="square,pad=0.0", lw=0.5)
+    ax.text(4.3, 0.12, "either way XLA sees 7 of 8 devices arrive: it warns that a thread "
+            "may be stuck, then aborts the process", ha="center", size=8, color="#444444")
+    save(fig, "collective_hang")
+
+
+FIGURES += [collective_hang]
+
+
+def the_launcher():
+    """The launcher, its watchdog and two workers, each in its own process group."""
+    fig, ax = canvas(8.6, 3.7)
+    box(ax, 0.15, 1.75, 3.0, 1.75, "", face="#F7F7F7", edge="#999999")
+    ax.text(0.3, 3.25, "python -m d2l_multi launch -n 2", size=9, weight="bold")
+    for i, line in enumerate(["picks a free port on 127.0.0.1",
+                              "and a secret for this launch",
+                              "prefixes the output: [p0] ..., [p1] ...",
+                              "stops every worker at the first failure,",
+                              "a signal (Ctrl-C) or --timeout"]):
+        ax.text(0.3, 2.9 - 0.25 * i, line, size=8)
+    box(ax, 0.15, 0.3, 3.0, 0.95, "watchdog: kills the workers' process\n"
+        "groups if the launcher dies (even SIGKILL)", face="#FFF2CC", size=8)
+    arrow(ax, (1.65, 1.75), (1.65, 1.25), color="#777777", lw=0.8)
+    ax.text(1.75, 1.45, "process groups", size=7.5, color="#555555")
+    for p in range(2):
+        y0 = 2.0 - p * 1.7
+        box(ax, 4.3, y0, 4.1, 1.45, "", face=LIGHT[p], edge=DEVICE[p])
+        ax.text(4.42, y0 + 1.22, f"process group of worker p{p}", size=8.5,
+                weight="bold", color=DEVICE[p])
+        ax.text(4.42, y0 + 0.9, f"D2L_MULTI_PROCESS_ID={p}, ..._NUM_PROCESSES=2,",
+                size=7.5)
+        ax.text(4.42, y0 + 0.68, "..._COORDINATOR_ADDRESS=127.0.0.1:PORT,", size=7.5)
+        ax.text(4.42, y0 + 0.46, "..._JOB_SECRET, ..._DEVICES_PER_PROCESS", size=7.5)
+        ax.text(4.42, y0 + 0.16, "coordinator service (process 0 only)" if p == 0 else
+                "joins; shows HMAC(secret, its id)", size=7.5, color="#555555")
+        arrow(ax, (3.15, 2.6), (4.3, y0 + 1.0), color=INK, lw=1.0)
+        arrow(ax, (4.3, y0 + 0.45), (3.15, 2.0), color="#777777", lw=0.8, ls="--")
+    ax.text(3.3, 2.95, "start with\nsettings", size=7.5)
+    ax.text(3.25, 1.55, "output\nlines", size=7.5, color="#555555")
+    arrow(ax, (6.9, 0.3 + 1.45), (6.9, 2.0), color=DEVICE[1], lw=1.0, style="<|-|>")
+    ax.text(7.0, 1.875, "coordinator: 127.0.0.1 only", size=7.5, va="center", color="#555555")
+    save(fig, "the_launcher")
+
+
+FIGURES += [the_launcher]
 
 if __name__ == "__main__":
     wanted = sys.argv[1:]
@@ -599,3 +831,4 @@ if __name__ == "__main__":
         if not wanted or any(w in make.__name__ for w in wanted):
             make()
             print(OUT / f"{make.__name__}.svg")
+

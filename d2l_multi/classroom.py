@@ -1,0 +1,684 @@
+"""The chapter as class assignments, with nbgrader (docs/classroom.md).
+
+    python -m d2l_multi classroom student OUT [NOTEBOOK ...]   # the student edition
+    python -m d2l_multi classroom teacher COURSE [NOTEBOOK ...]  # an nbgrader course
+    python -m d2l_multi classroom grade COURSE SUBMISSIONS OUT   # scores to OUT/grades.csv
+
+The book's notebooks stay the one source. ``assignment`` turns one into nbgrader's format:
+the cells before ``## Solutions`` unchanged; for each exercise, an answer cell for the
+written part; a cell that calls a check (``d2l.verify_NAME(answer)``, d2l_multi/exercises.py)
+becomes an autograded test cell, with the same call and ``hidden=True`` as its hidden test;
+the code cell that defines the names the check takes becomes the answer cell whose starter
+keeps each function's signature and docstring and each value's name; every other solution
+cell becomes an empty answer cell. nbgrader then writes the student edition (``nbgrader
+generate_assignment``) and grades submissions (``nbgrader autograde``), each in its own
+sandbox.
+"""
+import argparse
+import ast
+import csv
+import json
+import os
+import pathlib
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import textwrap
+import threading
+from concurrent.futures import ThreadPoolExecutor
+
+SOLUTIONS = "## Solutions"
+ANSWERS = "## Answers"
+CODE_STUB = "...  # YOUR CODE HERE"
+TEXT_STUB = "YOUR ANSWER HERE"
+BEGIN, END = "### BEGIN SOLUTION", "### END SOLUTION"
+BEGIN_HIDDEN, END_HIDDEN = "### BEGIN HIDDEN TESTS", "### END HIDDEN TESTS"
+LABEL = re.compile(r"^(?:\*\*(\d+)\.\*\*[ \t]*|#{3,4}[ \t]+(?:Exercise[ \t]+)?(\d+)\b.*$)")
+CHAPTERS = pathlib.Path(__file__).resolve().parent.parent / "chapters"
+NOTEBOOK_KEY = "d2l_multi"  # notebook metadata: {"notebook": the book notebook's name}
+
+
+class ClassroomError(ValueError):
+    """A notebook or a folder that the classroom commands cannot use, and why."""
+
+
+# ----- the book's notebook -> nbgrader's format ---------------------------------------------
+
+def _nbgrader(cell, grade_id, *, solution=False, grade=False, locked=False, points=None):
+    meta = {"grade": grade, "grade_id": grade_id, "locked": locked, "schema_version": 3,
+            "solution": solution, "task": False}
+    if points is not None:
+        meta["points"] = points
+    cell["metadata"] = {"nbgrader": meta}
+    return cell
+
+
+def _markdown(text):
+    return {"cell_type": "markdown", "metadata": {}, "source": text}
+
+
+def _code(text):
+    return {"cell_type": "code", "metadata": {}, "source": text, "outputs": [],
+            "execution_count": None}
+
+
+def _check_calls(source, checks):
+    """The check calls of a cell made only of ``d2l.verify_NAME(...)`` calls, else None."""
+    try:
+        tree = ast.parse(source)
+    except SyntaxError:
+        return None
+    calls = []
+    for stmt in tree.body:
+        call = stmt.value if isinstance(stmt, ast.Expr) else None
+        func = getattr(call, "func", None)
+        if not (isinstance(call, ast.Call) and isinstance(func, ast.Attribute)
+                and isinstance(func.value, ast.Name) and func.attr in checks):
+            return None
+        calls.append(call)
+    return calls or None
+
+
+def _argument_names(calls):
+    return [a.id for call in calls for a in list(call.args) + [k.value for k in call.keywords]
+            if isinstance(a, ast.Name)]
+
+
+def _hidden(calls):
+    hidden = []
+    for call in calls:
+        call = ast.parse(ast.unparse(call), mode="eval").body
+        call.keywords = [k for k in call.keywords if k.arg != "hidden"]
+        call.keywords.append(ast.keyword("hidden", ast.Constant(True)))
+        hidden.append(ast.unparse(call))
+    return hidden
+
+
+def _defines(source, names):
+    try:
+        tree = ast.parse(source)
+    except SyntaxError:
+        return set()
+    found = set()
+    for stmt in tree.body:
+        if isinstance(stmt, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            found.add(stmt.name)
+        elif isinstance(stmt, (ast.Assign, ast.AnnAssign)):
+            targets = stmt.targets if isinstance(stmt, ast.Assign) else [stmt.target]
+            for t in targets:
+                found |= {n.id for n in ast.walk(t) if isinstance(n, ast.Name)}
+    return found & set(names)
+
+
+def _region(lines, indent):
+    return [indent + BEGIN, *lines, indent + END]
+
+
+def mark_answer(source, names, where="a solution cell"):
+    """``source`` with nbgrader's solution regions: a function in ``names`` keeps its
+    signature and docstring, a value in ``names`` keeps ``name = (...)``, imports stay, and
+    everything else is solution (replaced by the starter in the student edition)."""
+    tree = ast.parse(source)
+    lines = source.split("\n")
+    out, removed, pos = [], [], 0
+
+    def flush():
+        while removed and not removed[0].strip():  # blank lines stay outside the region
+            out.append(removed.pop(0))
+        if removed:
+            tail = []
+            while not removed[-1].strip():
+                tail.append(removed.pop())
+            out.extend(_region(removed, "") + tail)
+            removed.clear()
+    for stmt in tree.body:
+        first = min([stmt.lineno] + [d.lineno for d in getattr(stmt, "decorator_list", [])]) - 1
+        gap, body = lines[pos:first], lines[first:stmt.end_lineno]
+        pos = stmt.end_lineno
+        if isinstance(stmt, (ast.Import, ast.ImportFrom)):
+            flush()
+            out += gap + body
+        elif isinstance(stmt, (ast.FunctionDef, ast.AsyncFunctionDef)) and stmt.name in names:
+            flush()
+            inner = stmt.body[1:] if ast.get_docstring(stmt) is not None else stmt.body
+            if not inner:
+                raise ClassroomError(f"{where}: `{stmt.name}` has no body after its docstring")
+            start = min([inner[0].lineno] + [d.lineno for d in
+                                             getattr(inner[0], "decorator_list", [])]) - 1
+            header_end = stmt.body[0].end_lineno  # the docstring's last line
+            if inner is stmt.body:  # no docstring: the signature, however many lines
+                header_end = start
+                while header_end > first + 1 and lines[header_end - 1].strip()[:1] in ("", "#"):
+                    header_end -= 1
+            if start < header_end or stmt.body[0].lineno == stmt.lineno:
+                raise ClassroomError(f"{where}: write the body of `{stmt.name}` on lines of its "
+                                     f"own, below the signature and the docstring")
+            indent = re.match(r"\s*", lines[start]).group(0)
+            out += gap + lines[first:header_end]
+            out += _region(lines[header_end:stmt.end_lineno], indent)
+        elif isinstance(stmt, (ast.Assign, ast.AnnAssign)) and _defines(
+                ast.unparse(stmt), names):
+            targets = stmt.targets if isinstance(stmt, ast.Assign) else [stmt.target]
+            if len(targets) != 1 or not isinstance(targets[0], ast.Name) or stmt.value is None:
+                raise ClassroomError(f"{where}: assign each answer alone, `name = value` "
+                                     f"({ast.unparse(stmt)[:60]})")
+            flush()
+            value = ast.get_source_segment(source, stmt.value).split("\n")
+            out += gap + [f"{targets[0].id} = ("]
+            out += _region(["    " + line for line in value], "    ") + [")"]
+        else:
+            removed += gap + body
+    trailing = lines[pos:]
+    if removed:
+        removed += trailing
+        flush()
+    else:
+        out += trailing
+    return "\n".join(out).rstrip("\n")
+
+
+def _exercise_chunks(cells):
+    """Split the cells under ``## Solutions`` by exercise: {k: (prose, code cells)}."""
+    exercises, k = {}, 1
+    for cell in cells:
+        source = "".join(cell["source"]) if isinstance(cell["source"], list) else cell["source"]
+        if cell["cell_type"] == "markdown":
+            for line in source.split("\n"):
+                m = LABEL.match(line)
+                if m:
+                    k = int(m.group(1) or m.group(2))
+                    line = line[m.end():] if m.group(1) else ""
+                    if not line.strip():
+                        exercises.setdefault(k, ([], []))
+                        continue
+                exercises.setdefault(k, ([], []))[0].append(line)
+        elif cell["cell_type"] == "code":
+            exercises.setdefault(k, ([], []))[1].append(source)
+    return exercises
+
+
+def assignment(nb, name, checks):
+    """The nbgrader source notebook of the book notebook ``nb`` (a dict), named ``name``."""
+    cells = nb["cells"]
+    text = ["".join(c["source"]) if isinstance(c["source"], list) else c["source"]
+            for c in cells]
+    at = [i for i, (c, t) in enumerate(zip(cells, text))
+          if c["cell_type"] == "markdown" and t.strip() == SOLUTIONS]
+    out = {**nb, "metadata": {**nb.get("metadata", {}), NOTEBOOK_KEY: {"notebook": name}}}
+    if not at:
+        out["cells"] = [dict(c) for c in cells]
+        return out
+    new = [dict(c, source=t) for c, t in zip(cells[:at[0]], text[:at[0]])]
+    new.append(_markdown(ANSWERS))
+    ids = set()
+
+    def grade_id(base):
+        gid, n = base, 1
+        while gid in ids:
+            n += 1
+            gid = f"{base}-{n}"
+        ids.add(gid)
+        return gid
+    for k, (prose, code) in sorted(_exercise_chunks(cells[at[0] + 1:]).items()):
+        where = f"{name}, exercise {k}"
+        new.append(_markdown(f"### Exercise {k}"))
+        new.append(_nbgrader(_markdown("\n".join(prose).strip("\n") or TEXT_STUB),
+                             grade_id(f"ex{k}-written"), solution=True, grade=True, points=0))
+        calls = {i: _check_calls(src, checks) for i, src in enumerate(code)}
+        wanted = {n for c in calls.values() if c for n in _argument_names(c)}
+        found = set()
+        other = []
+
+        def flush_other():
+            if other:
+                new.append(_nbgrader(_code(f"{BEGIN}\n" + "\n\n".join(other) + f"\n{END}"),
+                                     grade_id(f"ex{k}-code"), solution=True))
+                other.clear()
+        for i, src in enumerate(code):
+            if calls[i]:
+                flush_other()
+                missing = [n for n in _argument_names(calls[i]) if n not in found]
+                if missing:
+                    raise ClassroomError(f"{where}: {ast.unparse(calls[i][0].func)} takes "
+                                         f"{missing}, which no code cell of the exercise defines "
+                                         f"before it")
+                for call in calls[i]:
+                    check = call.func.attr
+                    new.append(_nbgrader(_code("\n".join(
+                        [ast.unparse(call), BEGIN_HIDDEN, *_hidden([call]), END_HIDDEN])),
+                        grade_id(f"ex{k}-{check}"), grade=True, locked=True, points=1))
+            elif _defines(src, wanted):
+                flush_other()
+                names = _defines(src, wanted)
+                found |= names
+                new.append(_nbgrader(_code(mark_answer(src, names, where)),
+                                     grade_id(f"ex{k}-answer"), solution=True))
+            else:
+                other.append(src.strip("\n"))
+        flush_other()
+    out["cells"] = new
+    return out
+
+
+def _images(nb, folder):
+    """The chapter's images (img/...) that the notebook's markdown shows."""
+    found = set()
+    for cell in nb["cells"]:
+        if cell["cell_type"] == "markdown":
+            src = "".join(cell["source"]) if isinstance(cell["source"], list) else cell["source"]
+            found |= set(re.findall(r"(?:\(|src=[\"'])(img/[^)\"'\s]+)", src))
+    return sorted(p for p in found if (folder / p).is_file())
+
+
+# ----- building the course ------------------------------------------------------------------
+
+CONFIG = """\
+c = get_config()
+c.ClearSolutions.code_stub = {{"python": {code_stub!r}}}
+c.ClearSolutions.text_stub = {text_stub!r}
+c.Execute.timeout = {timeout}
+"""
+
+
+def _notebooks(paths):
+    if not paths:
+        paths = sorted(CHAPTERS.glob("*.ipynb"))
+        if not paths:
+            raise ClassroomError("no notebooks given and no chapters/ folder next to the "
+                                 "package: name the notebooks to include")
+    found = []
+    for p in map(pathlib.Path, paths):
+        if p.is_dir():
+            found += sorted(p.glob("*.ipynb"))
+        elif p.suffix == ".ipynb" and p.is_file():
+            found.append(p)
+        else:
+            raise ClassroomError(f"{p} is not a notebook (.ipynb) or a folder of notebooks")
+    names = [p.stem for p in found]
+    if len(set(names)) != len(names):
+        raise ClassroomError(f"two notebooks share a name: {sorted(names)}")
+    return found
+
+
+def _fresh(folder, what):
+    folder = pathlib.Path(folder)
+    if folder.exists() and (not folder.is_dir() or any(folder.iterdir())):
+        raise ClassroomError(f"{what} {folder} exists and is not an empty folder: choose a new "
+                             f"one (nothing is overwritten)")
+    return folder
+
+
+def _nbgrader_command(*args):
+    import importlib.util
+    if importlib.util.find_spec("nbgrader") is None:
+        raise ClassroomError("the classroom commands need nbgrader: pip install -e "
+                             "\".[classroom]\" (or pip install nbgrader)")
+    return [sys.executable, "-m", "nbgrader", *args]
+
+
+def build_course(course, notebooks, timeout=120):
+    """An nbgrader course in ``course``: ``source/NAME/NAME.ipynb`` (solutions and hidden
+    tests), ``release/NAME/NAME.ipynb`` (the student edition) and ``gradebook.db``."""
+    from . import exercises
+    course = pathlib.Path(course)
+    (course / "source").mkdir(parents=True)
+    (course / "nbgrader_config.py").write_text(CONFIG.format(
+        code_stub=CODE_STUB, text_stub=TEXT_STUB, timeout=int(timeout)))
+    for path in notebooks:
+        nb = json.loads(path.read_text())
+        folder = course / "source" / path.stem
+        folder.mkdir()
+        (folder / f"{path.stem}.ipynb").write_text(
+            json.dumps(assignment(nb, path.stem, exercises.CHECKS), indent=1,
+                       ensure_ascii=False) + "\n")
+        for image in _images(nb, path.parent):
+            (folder / image).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copyfile(path.parent / image, folder / image)
+    result = subprocess.run(_nbgrader_command(
+        "generate_assignment", "*", "--force", f"--CourseDirectory.root={course}"),
+        capture_output=True, text=True, cwd=course)
+    missing = [p.stem for p in notebooks
+               if not (course / "release" / p.stem / f"{p.stem}.ipynb").is_file()]
+    if result.returncode or missing:
+        errors = [line for line in result.stderr.splitlines() if "ERROR" in line or
+                  "Error:" in line]
+        raise ClassroomError(f"nbgrader could not make the student edition of {missing}: "
+                             f"{' / '.join(errors[-3:]) or result.stderr[-500:]}")
+    return course
+
+
+def _build_into(target, what, make):
+    """Build in a temporary folder beside ``target``, then rename it: never half-written."""
+    target = _fresh(target, what)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(prefix=f".{target.name}-", dir=target.parent) as tmp:
+        make(pathlib.Path(tmp) / "out")
+        if target.exists():
+            target.rmdir()
+        (pathlib.Path(tmp) / "out").rename(target)
+    return target
+
+
+def student_edition(out, notebooks):
+    """The student edition of ``notebooks`` in ``out``: NAME.ipynb and the images."""
+    notebooks = _notebooks(notebooks)
+
+    def make(folder):
+        with tempfile.TemporaryDirectory() as tmp:
+            course = build_course(pathlib.Path(tmp) / "course", notebooks)
+            shutil.copytree(course / "release", folder / "release")
+        for sub in sorted((folder / "release").iterdir()):
+            for item in sub.iterdir():
+                dest = folder / item.name
+                if item.is_dir():
+                    shutil.copytree(item, dest, dirs_exist_ok=True)
+                else:
+                    shutil.copyfile(item, dest)
+        shutil.rmtree(folder / "release")
+    return _build_into(out, "OUT", make)
+
+
+def teacher_course(course, notebooks):
+    return _build_into(course, "COURSE", lambda folder: build_course(folder,
+                                                                     _notebooks(notebooks)))
+
+
+# ----- grading ------------------------------------------------------------------------------
+
+SANDBOX = r"""
+set -e
+job="$1"; shift
+ip link set lo up
+mount --make-rprivate /
+mount --bind "$job" "$job"
+while read -r _ mnt _; do
+  mnt=$(printf '%b' "$mnt")
+  case "$mnt" in "$job"|/proc|/proc/*|/sys|/sys/*) continue;; esac
+  mount -o remount,bind,ro "$mnt" 2>/dev/null || true
+done < /proc/self/mounts
+while [ "$1" != "--" ]; do
+  if ( : > "$1/.d2l-sandbox-probe" ) 2>/dev/null; then
+    rm -f "$1/.d2l-sandbox-probe"
+    echo "d2l-sandbox: could not make $1 read-only" >&2
+    exit 97
+  fi
+  shift
+done
+shift
+exec setpriv --inh-caps=-all --bounding-set=-all --no-new-privs -- "$@"
+"""
+_SANDBOX = {}
+
+
+def sandbox_prefix():
+    """The command that runs a submission in its own mount, network and process namespaces
+    (read-only files but for its folder, no network, no process left behind, no
+    capabilities), or None where this machine cannot make them (docs/classroom.md)."""
+    if "prefix" not in _SANDBOX:
+        prefix = None
+        if sys.platform.startswith("linux") and shutil.which("unshare") and shutil.which(
+                "setpriv") and shutil.which("ip"):
+            base = ["unshare", "--mount", "--net", "--pid", "--fork", "--kill-child"]
+            user = [] if os.geteuid() == 0 else ["--user", "--map-root-user"]
+            probe = subprocess.run(base[:1] + user + base[1:] + ["sh", "-c", "ip link set lo up"],
+                                   capture_output=True)
+            if probe.returncode == 0:
+                prefix = base[:1] + user + base[1:] + ["sh", "-c", SANDBOX, "d2l-sandbox"]
+        _SANDBOX["prefix"] = prefix
+    return _SANDBOX["prefix"]
+
+
+def _grade_cells(course, name):
+    """[(grade_id, points)] of the assignment's autograded cells, in notebook order."""
+    nb = json.loads((course / "source" / name / f"{name}.ipynb").read_text())
+    return [(c["metadata"]["nbgrader"]["grade_id"], c["metadata"]["nbgrader"]["points"])
+            for c in nb["cells"] if c["cell_type"] == "code"
+            and c.get("metadata", {}).get("nbgrader", {}).get("grade")]
+
+
+def _identify(path, assignments):
+    """The assignment a submitted notebook belongs to: its metadata, else its file name."""
+    try:
+        nb = json.loads(path.read_text())
+        name = nb.get("metadata", {}).get(NOTEBOOK_KEY, {}).get("notebook")
+    except (OSError, ValueError, AttributeError):
+        return None
+    if name in assignments:
+        return name
+    return path.stem if path.stem in assignments else None
+
+
+def _submissions(folder, assignments):
+    """[(student, path, assignment or None)]: SUBMISSIONS/STUDENT.ipynb or
+    SUBMISSIONS/STUDENT/*.ipynb."""
+    found = []
+    for path in sorted(pathlib.Path(folder).rglob("*.ipynb")):
+        rel = path.relative_to(folder)
+        if any(part.startswith(".") for part in rel.parts):
+            continue  # .ipynb_checkpoints and the like
+        student = rel.parts[0] if len(rel.parts) > 1 else path.stem
+        found.append((re.sub(r"[^A-Za-z0-9_.-]", "_", student), path,
+                      _identify(path, assignments)))
+    return found
+
+
+def _outcome(cell, timeout):
+    errors = [o for o in cell.get("outputs", []) if o.get("output_type") == "error"]
+    if not errors:
+        return "pass", ""
+    names = [e.get("ename", "") for e in errors]
+    if "CellTimeoutError" in names or "KeyboardInterrupt" in names:
+        return "timeout", f"no result within {timeout} s"
+    error = errors[-1]
+    value = (error.get("evalue") or "").strip().splitlines()
+    if error.get("ename") == "CheckFailed":
+        return "fail", value[0] if value else ""
+    return "error", f"{error.get('ename')}: {value[0] if value else ''}"[:300]
+
+
+def _run_sandboxed(command, job, env, protect, limit):
+    """Run ``command`` in the sandbox (or plainly, where none exists): its exit status, or
+    None if it ran past ``limit`` seconds and was killed with everything it started."""
+    prefix = sandbox_prefix()
+    argv = (prefix + [str(job), *map(str, protect), "--", *command]) if prefix else command
+    with open(job / "log.txt", "wb") as log:
+        proc = subprocess.Popen(argv, cwd=job, env=env, stdout=log, stderr=subprocess.STDOUT,
+                                stdin=subprocess.DEVNULL, start_new_session=True)
+        try:
+            return proc.wait(timeout=limit)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, 9)
+            proc.wait()
+            return None
+
+
+def _grade_one(course, student, path, name, root, timeout, notebook_timeout, full, protect):
+    """Grade one submitted notebook in its own folder and process: (rows, the graded
+    notebook's path or None)."""
+    from nbgrader.api import Gradebook
+    job = pathlib.Path(tempfile.mkdtemp(prefix="job-", dir=root))
+    try:
+        home = job / "home"
+        for sub in ("home", "tmp", "course/submitted"):
+            (job / sub).mkdir(parents=True)
+        shutil.copyfile(course / "nbgrader_config.py", job / "course" / "nbgrader_config.py")
+        shutil.copyfile(course / "gradebook.db", job / "course" / "gradebook.db")
+        target = job / "course" / "submitted" / student / name / f"{name}.ipynb"
+        target.parent.mkdir(parents=True)
+        shutil.copyfile(path, target)
+        env = {"PATH": os.pathsep.join([str(pathlib.Path(sys.executable).parent), os.defpath]),
+               "HOME": str(home), "TMPDIR": str(job / "tmp"), "LANG": "C.UTF-8",
+               "PYTHONNOUSERSITE": "1", "MPLBACKEND": "Agg", "KERAS_BACKEND": "jax",
+               "XDG_CACHE_HOME": str(home / ".cache"), "XDG_CONFIG_HOME": str(home / ".config"),
+               "XDG_DATA_HOME": str(home / ".local/share"),
+               "JUPYTER_CONFIG_DIR": str(home / ".jupyter"),
+               "JUPYTER_DATA_DIR": str(home / ".local/share/jupyter"),
+               "JUPYTER_RUNTIME_DIR": str(job / "tmp" / "runtime"),
+               "IPYTHONDIR": str(home / ".ipython"), "MPLCONFIGDIR": str(home / ".matplotlib")}
+        if not full:
+            env["D2L_MULTI_SMOKE"] = "1"
+        if os.environ.get("D2L_MULTI_DATA"):
+            env["D2L_MULTI_DATA"] = os.environ["D2L_MULTI_DATA"]
+        command = _nbgrader_command("autograde", name, "--student", student, "--force",
+                                    f"--CourseDirectory.root={job / 'course'}",
+                                    f"--Execute.timeout={int(timeout)}")
+        status = _run_sandboxed(command, job, env, protect, notebook_timeout)
+        graded = job / "course" / "autograded" / student / name / f"{name}.ipynb"
+        cells = _grade_cells(course, name)
+        if status != 0 or not graded.is_file():
+            log = (job / "log.txt").read_text(errors="replace").strip().splitlines()
+            why = (f"the notebook did not finish within {notebook_timeout} s" if status is None
+                   else f"nbgrader failed: {log[-1][:200] if log else status}")
+            return [(student, name, gid, 0.0, pts, "not graded", why) for gid, pts in cells
+                    ] or [(student, name, "", 0.0, 0.0, "not graded", why)], None
+        nb = json.loads(graded.read_text())
+        by_id = {c["metadata"].get("nbgrader", {}).get("grade_id"): c for c in nb["cells"]}
+        with Gradebook(f"sqlite:///{job / 'course' / 'gradebook.db'}") as gb:
+            scores = {g.name: g for g in gb.find_submission_notebook(name, name, student).grades}
+        rows = []
+        for gid, pts in cells:
+            outcome, detail = _outcome(by_id[gid], timeout) if gid in by_id else (
+                "error", "the test cell is missing")
+            grade = scores.get(gid)
+            score = float(grade.score) if grade is not None and grade.score is not None else 0.0
+            rows.append((student, name, gid, score, float(pts), outcome, detail))
+        keep = root / "graded" / student / f"{name}.ipynb"
+        keep.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(graded, keep)
+        return rows, keep
+    finally:
+        shutil.rmtree(job, ignore_errors=True)
+
+
+COLUMNS = ["student", "notebook", "exercise", "check", "score", "max_score", "outcome",
+           "detail"]
+
+
+def grade(course, submissions, out, timeout=120, notebook_timeout=1800, jobs=1, full=False):
+    """Grade every submitted notebook under ``submissions`` against the nbgrader course
+    ``course``; write ``out/grades.csv`` (a row per student, notebook and autograded exercise)
+    and ``out/autograded/STUDENT/NOTEBOOK.ipynb``. Returns the rows."""
+    _nbgrader_command()  # refuses at once where nbgrader is missing
+    course = pathlib.Path(course).resolve()
+    if not (course / "gradebook.db").is_file() or not (course / "source").is_dir():
+        raise ClassroomError(f"{course} is not a course made by `python -m d2l_multi classroom "
+                             f"teacher COURSE`: it has no gradebook.db and source/")
+    if not pathlib.Path(submissions).is_dir():
+        raise ClassroomError(f"SUBMISSIONS {submissions} is not a folder of notebooks")
+    for name, value in (("--timeout", timeout), ("--notebook-timeout", notebook_timeout),
+                        ("--jobs", jobs)):
+        if not (isinstance(value, int) and value > 0):
+            raise ClassroomError(f"{name} must be a positive integer, got {value!r}")
+    assignments = {p.name for p in (course / "source").iterdir() if p.is_dir()}
+    found = _submissions(submissions, assignments)
+    if not found:
+        raise ClassroomError(f"no notebooks (.ipynb) under {submissions}")
+    seen = {}
+    for student, path, name in found:
+        if name is not None and seen.setdefault((student, name), path) != path:
+            raise ClassroomError(f"{student} handed in {name} twice ({seen[student, name]} and "
+                                 f"{path}): keep one")
+    out = _fresh(out, "OUT")
+    out.mkdir(parents=True, exist_ok=True)
+    root = pathlib.Path(tempfile.mkdtemp(prefix="d2l-grade-"))
+    (root / "graded").mkdir()
+    protect = [course, out.resolve(), pathlib.Path(submissions).resolve(), root]
+    if sandbox_prefix() is None:
+        print("classroom grade: no sandbox on this machine (needs Linux namespaces: unshare, "
+              "setpriv, ip): submissions run with your rights and network; see "
+              "docs/classroom.md", file=sys.stderr)
+    lock, done = threading.Lock(), [0]
+
+    def one(item):
+        student, path, name = item
+        if name is None:
+            rows = [(student, path.name, "", 0.0, 0.0, "not graded",
+                     "not a notebook of this course")]
+            keep = None
+        else:
+            rows, keep = _grade_one(course, student, path, name, root, timeout,
+                                    notebook_timeout, full, protect)
+        with lock:
+            done[0] += 1
+            print(f"[{done[0]}/{len(found)}] {student} {path.name}: "
+                  f"{sum(r[3] for r in rows):g}/{sum(r[4] for r in rows):g}", file=sys.stderr)
+        return rows, keep, student, name
+    try:
+        with ThreadPoolExecutor(jobs) as pool:
+            results = list(pool.map(one, found))
+        rows = []
+        for part, keep, student, name in results:
+            rows += part
+            if keep is not None:
+                dest = out / "autograded" / student / f"{name}.ipynb"
+                dest.parent.mkdir(parents=True, exist_ok=True)
+                shutil.copyfile(keep, dest)
+        rows = [(s, n, _exercise_of(g), _check_of(g), sc, mx, o, d)
+                for s, n, g, sc, mx, o, d in rows]
+        tmp = out / ".grades.csv.tmp"
+        with open(tmp, "w", newline="") as f:
+            writer = csv.writer(f)
+            writer.writerow(COLUMNS)
+            writer.writerows(rows)
+        tmp.replace(out / "grades.csv")
+        return rows
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+
+
+def _exercise_of(grade_id):
+    m = re.match(r"ex(\d+)-", grade_id or "")
+    return int(m.group(1)) if m else ""
+
+
+def _check_of(grade_id):
+    m = re.match(r"ex\d+-(verify_\w+?)(?:-\d+)?$", grade_id or "")
+    return m.group(1) if m else grade_id
+
+
+# ----- command line -------------------------------------------------------------------------
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(
+        prog="python -m d2l_multi classroom", description=textwrap.dedent("""\
+        The chapter as class assignments (docs/classroom.md): the student edition, an
+        nbgrader course with solutions and hidden tests, and offline grading."""),
+        formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = parser.add_subparsers(dest="command", required=True)
+    p = sub.add_parser("student", help="write the student edition: no solutions, starters")
+    p.add_argument("out", type=pathlib.Path, help="a new folder")
+    p.add_argument("notebooks", nargs="*", help="notebooks or folders (default: chapters/)")
+    p = sub.add_parser("teacher", help="write an nbgrader course: source (solutions, hidden "
+                                       "tests), release (the student edition), gradebook.db")
+    p.add_argument("course", type=pathlib.Path, help="a new folder")
+    p.add_argument("notebooks", nargs="*", help="notebooks or folders (default: chapters/)")
+    p = sub.add_parser("grade", help="grade a folder of submitted notebooks into a CSV")
+    p.add_argument("course", type=pathlib.Path, help="the folder `classroom teacher` made")
+    p.add_argument("submissions", type=pathlib.Path,
+                   help="STUDENT.ipynb files, or STUDENT/ folders of notebooks")
+    p.add_argument("out", type=pathlib.Path, help="a new folder: grades.csv, autograded/")
+    p.add_argument("--timeout", type=int, default=120,
+                   help="seconds a cell may run before it is interrupted (default 120)")
+    p.add_argument("--notebook-timeout", type=int, default=1800,
+                   help="seconds a whole notebook may run before it is stopped (default 1800)")
+    p.add_argument("--jobs", type=int, default=1, help="notebooks graded at once (default 1)")
+    p.add_argument("--full", action="store_true",
+                   help="run the notebooks at full size (default: the library's quick mode, "
+                        "D2L_MULTI_SMOKE=1, as the checks need no full training)")
+    args = parser.parse_args(argv)
+    if args.command == "student":
+        out = student_edition(args.out, args.notebooks)
+        print(f"student edition: {len(list(out.glob('*.ipynb')))} notebooks in {out}")
+    elif args.command == "teacher":
+        course = teacher_course(args.course, args.notebooks)
+        print(f"nbgrader course in {course}: source/ (solutions, hidden tests), release/ (the "
+              f"student edition), gradebook.db")
+    else:
+        rows = grade(args.course, args.submissions, args.out, args.timeout,
+                     args.notebook_timeout, args.jobs, args.full)
+        graded = len(list((args.out / "autograded").rglob("*.ipynb")))
+        print(f"{graded} notebooks graded, {len(rows)} rows: {args.out / 'grades.csv'}; the "
+              f"graded notebooks are in {args.out / 'autograded'}")
+    return 0

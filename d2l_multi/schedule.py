@@ -1,0 +1,109 @@
+"""The schedule of a compiled program: the instructions of its ENTRY
+computation in the order they run, the asynchronous collectives (a ``-start``
+and its ``-done``) with the computation scheduled between them, and how far
+each collective sits from its first user."""
+import re
+
+import d2l_multi as d2l
+from .utils import validated
+
+INSTRUCTION = re.compile(r"\s*(?:ROOT\s+)?%?([\w.-]+) = .*? ([a-z][\w-]*)\(")
+PLUMBING = {"parameter", "constant", "get-tuple-element", "tuple", "bitcast",
+            "copy", "partition-id", "replica-id", "after-all"}  # no arithmetic
+
+
+def operand_names(line, start):
+    """The ``%names`` inside the parentheses that open at ``line[start]``."""
+    depth = 0
+    for end in range(start, len(line)):
+        depth += {"(": 1, ")": -1}.get(line[end], 0)
+        if depth == 0:
+            return re.findall(r"%([\w.-]+)", line[start:end])
+    return re.findall(r"%([\w.-]+)", line[start:])
+
+
+def hlo_schedule(hlo_text):
+    """The ENTRY computation of an HLO module as (name, opcode, operands)
+    triples, in the order the compiled program runs them."""
+    entry = hlo_text[hlo_text.index("\nENTRY"):].split("\n}")[0]
+    schedule = []
+    for line in entry.splitlines()[1:]:
+        match = INSTRUCTION.match(line)
+        if match:
+            name, opcode = match.groups()
+            operands = operand_names(line, match.end() - 1)
+            schedule.append((name, opcode, operands))
+    return schedule
+
+
+def async_pairs(schedule):
+    """Each asynchronous operation of a schedule as (kind, start index, done
+    index, opcodes scheduled between its start and its done)."""
+    where = {name: i for i, (name, _, _) in enumerate(schedule)}
+    pairs = []
+    for done, (_, opcode, operands) in enumerate(schedule):
+        if opcode.endswith("-done") and operands and operands[0] in where:
+            start = where[operands[0]]
+            between = [op for _, op, _ in schedule[start + 1:done]]
+            pairs.append((opcode[:-len("-done")], start, done, between))
+    return pairs
+
+
+def collective_slack(schedule):
+    """Each collective (or its ``-done``) as (opcode, index, index of its
+    first user): the instructions between them do not wait for its result."""
+    readers = {}  # name -> the indices of the instructions that read it
+    for i, (_, _, operands) in enumerate(schedule):
+        for operand in operands:
+            readers.setdefault(operand, []).append(i)
+
+    def first_use(name):  # looking through get-tuple-element
+        uses = [first_use(schedule[i][0])
+                if schedule[i][1] == "get-tuple-element" else i
+                for i in readers.get(name, [])]
+        return min(uses, default=len(schedule))
+
+    return [(opcode, i, first_use(name))
+            for i, (name, opcode, _) in enumerate(schedule)
+            if opcode.removesuffix("-done") in d2l.COLLECTIVES]
+
+
+def plot_schedule(schedule, figsize=(7, 2.8)):
+    """Draw a schedule in program order: a tick per computing instruction, and
+    for each collective a bar from its start to its first user."""
+    import matplotlib.pyplot as plt
+    fig, ax = plt.subplots(figsize=figsize)
+    rows = collective_slack(schedule)
+    starts = {done: start for _, start, done, _ in async_pairs(schedule)}
+    for row, (opcode, at, use) in enumerate(rows, start=1):
+        begin = starts.get(at, at)
+        ax.barh(row, max(use - begin, 0.5), left=begin, height=0.6,
+                color="#DD8452" if "reduce" in opcode else "#4C72B0")
+    compute = [i for i, (_, opcode, _) in enumerate(schedule)
+               if opcode not in PLUMBING and not opcode.endswith("-start")
+               and opcode.removesuffix("-done") not in d2l.COLLECTIVES]
+    ax.plot(compute, [0] * len(compute), "|", color="#222222", markersize=10)
+    ax.set_yticks(range(len(rows) + 1),
+                  ["compute"] + [opcode for opcode, _, _ in rows])
+    ax.set_xlabel("position in the schedule "
+                  "(collective: from its start to its first user)")
+    ax.set_xlim(-1, len(schedule))
+    ax.invert_yaxis()
+    fig.tight_layout()
+    return ax
+
+
+def check_hlo_entry(hlo_text):
+    """Refuse anything but the text of an HLO module with an ENTRY
+    computation."""
+    if not isinstance(hlo_text, str):
+        raise TypeError(f"hlo_schedule reads HLO text, not a "
+                        f"{type(hlo_text).__name__}; pass "
+                        f"jax.jit(f).lower(*args).compile().as_text()")
+    if "\nENTRY" not in hlo_text:
+        raise ValueError("the text has no ENTRY computation; pass the HLO "
+                         "text of a whole module, e.g. "
+                         "jax.jit(f).lower(*args).compile().as_text()")
+
+
+hlo_schedule = validated(hlo_schedule, check_hlo_entry)

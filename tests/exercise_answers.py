@@ -1,0 +1,571 @@
+"""Answers to the self-checking exercises (d2l_multi/exercises.py): a reference solution of each
+check, as a notebook's ``## Solutions`` would show it, and plausible wrong answers, each with
+the words of the hint it must get. tests/test_exercises.py runs them."""
+import math
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+from jax import lax
+from jax.sharding import NamedSharding, PartitionSpec as P
+
+
+# ----- 00 -----
+def place(x, mesh):
+    return jax.device_put(x, NamedSharding(mesh, P("x", "y")))
+
+
+# ----- 01 -----
+def cross_entropy(logits, y):
+    logp = jax.nn.log_softmax(logits)
+    return -jnp.mean(jnp.take_along_axis(logp, y[:, None], axis=1))
+
+
+def sgd(params, grads, lr):
+    return jax.tree.map(lambda p, g: p - lr * g, params, grads)
+
+
+# ----- 02 -----
+def broadcast(x, axis_name):
+    return lax.psum(jnp.where(lax.axis_index(axis_name) == 0, x, 0.0), axis_name)
+
+
+def reduce_scatter(x, axis_name):
+    k, i = lax.axis_size(axis_name), lax.axis_index(axis_name)
+    right = [(j, (j + 1) % k) for j in range(k)]
+    chunks = x.reshape(k, -1)
+    for s in range(1, k):  # step s: send the running sum of chunk i - s, add the one received
+        received = lax.ppermute(chunks[(i - s) % k], axis_name, right)
+        chunks = chunks.at[(i - s - 1) % k].add(received)
+    return chunks[i]
+
+
+def all_gather(x, axis_name):
+    k, i = lax.axis_size(axis_name), lax.axis_index(axis_name)
+    right = [(j, (j + 1) % k) for j in range(k)]
+    chunks = jnp.zeros((k, *x.shape), x.dtype).at[i].set(x)
+    for s in range(k - 1):  # step s: pass on the chunk of device i - s
+        received = lax.ppermute(chunks[(i - s) % k], axis_name, right)
+        chunks = chunks.at[(i - s - 1) % k].set(received)
+    return chunks.reshape(-1)
+
+
+def ring_allreduce(x, axis_name):
+    k = lax.axis_size(axis_name)
+    padded = jnp.pad(x.reshape(-1), (0, -x.size % k))
+    total = all_gather(reduce_scatter(padded, axis_name), axis_name)
+    return total[:x.size].reshape(x.shape)
+
+
+def bytes_sent(n, k):
+    return 2 * (k - 1) / k * n
+
+
+# ----- 03 -----
+def split_batch(X, y, num_devices):
+    if len(X) % num_devices:
+        raise ValueError(f"batch size {len(X)} does not divide over {num_devices} devices")
+    return (X.reshape(num_devices, -1, *X.shape[1:]),
+            y.reshape(num_devices, -1, *y.shape[1:]))
+
+
+def data_parallel_step(params, X, y, loss_fn, lr):
+    grads = lax.pmean(jax.grad(loss_fn)(params, X, y), axis_name="devices")
+    return jax.tree.map(lambda p, g: p - lr * g, params, grads)
+
+
+def accumulated_step(params, X, y, loss_fn, lr, num_micro):
+    grads = jax.tree.map(jnp.zeros_like, params)
+    for Xm, ym in zip(jnp.split(X, num_micro), jnp.split(y, num_micro)):
+        grads = jax.tree.map(jnp.add, grads, jax.grad(loss_fn)(params, Xm, ym))
+    return jax.tree.map(lambda p, g: p - lr * g / num_micro, params, grads)
+
+
+# ----- 04a, 04b -----
+def place_for_jit(params, X, y, mesh):
+    return (jax.device_put(params, NamedSharding(mesh, P())),
+            *jax.device_put((X, y), NamedSharding(mesh, P("data"))))
+
+
+def global_grad(params, X, y, loss_fn):
+    return jax.grad(lambda p: lax.pmean(loss_fn(p, X, y), "data"))(params)
+
+
+# ----- 05a, 05b, 05c -----
+def nnx_train_step(model, optimizer, X, y):
+    from flax import nnx
+
+    def loss_fn(model):
+        return optax.softmax_cross_entropy_with_integer_labels(model(X), y).mean()
+    loss, grads = nnx.value_and_grad(loss_fn)(model)
+    optimizer.update(model, grads)
+    return loss
+
+
+def batch_stats(x, axis_name):
+    mean = lax.pmean(x.mean(axis=0), axis_name)
+    var = lax.pmean(((x - mean) ** 2).mean(axis=0), axis_name)
+    return mean, var
+
+
+def flops_per_gradient_byte(layers, batch_per_device):
+    flops = sum(6 * batch_per_device * params * uses for params, uses in layers)
+    return flops / (4 * sum(params for params, _ in layers))
+
+
+# ----- 06 -----
+def make_train_step(model, loss_fn, optimizer):
+    def compute_loss(trainable, non_trainable, X, y):
+        y_pred, non_trainable = model.stateless_call(trainable, non_trainable, X,
+                                                     training=True)
+        return loss_fn(y, y_pred), non_trainable
+
+    def train_step(state, X, y):
+        trainable, non_trainable, optimizer_variables = state
+        (loss, non_trainable), grads = jax.value_and_grad(compute_loss, has_aux=True)(
+            trainable, non_trainable, X, y)
+        trainable, optimizer_variables = optimizer.stateless_apply(
+            optimizer_variables, grads, trainable)
+        return loss, (trainable, non_trainable, optimizer_variables)
+    return train_step
+
+
+# ----- 07a, 07b, 07c -----
+def allreduce_time(n, k, alpha, beta):
+    return 2 * (k - 1) * alpha + 2 * (k - 1) / k * n * beta
+
+
+def bus_bandwidth(collective, k, n, seconds):
+    factor = {"psum": 2 * (k - 1) / k, "all_gather": (k - 1) / k,
+              "psum_scatter": (k - 1) / k}[collective]
+    return n / seconds * factor
+
+
+def predict_step_time(compute_time, k, grad_bytes, alpha, beta):
+    return compute_time / k + allreduce_time(grad_bytes, k, alpha, beta)
+
+
+def mixed_step(master, grads, lr):
+    master = master - lr * grads.astype(jnp.float32)
+    return master, master.astype(jnp.bfloat16)
+
+
+# ----- 08 -----
+def ensemble_probs(logits):
+    return jax.nn.softmax(logits, axis=-1).mean(axis=0)
+
+
+# ----- 09a -----
+def bytes_per_device(num_params, activation_bytes, k, strategy):
+    state = 16 * num_params  # float32 parameter, gradient and Adam's two moments
+    param_shards, batch_shards = {"dp": (1, k), "fsdp": (k, k), "tp": (k, 1)}[strategy]
+    return state / param_shards + activation_bytes / batch_shards
+
+
+def activation_bytes(num_layers, input_bytes, inside_bytes, remat):
+    if remat:
+        return num_layers * input_bytes + inside_bytes
+    return num_layers * (input_bytes + inside_bytes)
+
+
+# ----- 09b, 09c -----
+rules = {"batch": "data", "embed": None, "heads": "model", "mlp": "model", "vocab": "model"}
+fsdp_spec = P("data", None)
+megatron_specs = (P(None, "model"), P("model", None))
+
+
+# ----- 09d, 09e -----
+def gpipe_bubble(p, m):
+    return (p - 1) / (m + p - 1)
+
+
+def one_f_one_b(p, m):
+    return (p - 1) / (m + p - 1), min(p, m)
+
+
+def overlapped_step_time(backward, comm, num_buckets):
+    if comm <= backward:
+        return backward + comm / num_buckets
+    return backward / num_buckets + comm
+
+
+# ----- 10a, 10b -----
+def restore_target(tree, mesh, specs):
+    return jax.tree.map(lambda x, spec: jax.ShapeDtypeStruct(
+        x.shape, x.dtype, sharding=NamedSharding(mesh, spec)), tree, specs)
+
+
+def save_position(iterator):
+    return iterator.get_state()
+
+
+def resume(make_iterator, saved):
+    iterator = make_iterator()
+    iterator.set_state(saved)
+    return iterator
+
+
+# ----- 11a, 11b -----
+def process_rows(batch_size, num_processes, process_index):
+    local = batch_size // num_processes
+    return range(process_index * local, (process_index + 1) * local)
+
+
+def checkpoint_interval(save_seconds, device_mtbf_seconds, num_devices):
+    return math.sqrt(2 * save_seconds * device_mtbf_seconds / num_devices)
+
+
+REFERENCE = {
+    "verify_mesh_layout": (place,),
+    "verify_cross_entropy": (cross_entropy,),
+    "verify_sgd_update": (sgd,),
+    "verify_broadcast": (broadcast,),
+    "verify_reduce_scatter": (reduce_scatter,),
+    "verify_all_gather": (all_gather,),
+    "verify_ring_allreduce": (ring_allreduce,),
+    "verify_ring_bytes": (bytes_sent,),
+    "verify_split_batch": (split_batch,),
+    "verify_pmean_step": (data_parallel_step,),
+    "verify_grad_accumulation": (accumulated_step,),
+    "verify_jit_data_parallel": (place_for_jit,),
+    "verify_shard_map_grad": (global_grad,),
+    "verify_nnx_step": (nnx_train_step,),
+    "verify_batch_stats": (batch_stats,),
+    "verify_flops_per_byte": (flops_per_gradient_byte,),
+    "verify_keras_step": (make_train_step,),
+    "verify_alpha_beta": (allreduce_time,),
+    "verify_bus_bandwidth": (bus_bandwidth,),
+    "verify_step_time": (predict_step_time,),
+    "verify_master_weights": (mixed_step,),
+    "verify_ensemble_average": (ensemble_probs,),
+    "verify_training_memory": (bytes_per_device,),
+    "verify_remat_memory": (activation_bytes,),
+    "verify_logical_rules": (rules,),
+    "verify_fsdp_spec": (fsdp_spec,),
+    "verify_megatron_specs": (megatron_specs,),
+    "verify_gpipe_bubble": (gpipe_bubble,),
+    "verify_1f1b": (one_f_one_b,),
+    "verify_overlapped_step": (overlapped_step_time,),
+    "verify_restore_target": (restore_target,),
+    "verify_exact_resume": (save_position, resume),
+    "verify_process_rows": (process_rows,),
+    "verify_checkpoint_interval": (checkpoint_interval,),
+}
+
+
+# ----- wrong answers: (answers, words of the hint) -----
+
+def _naive_cross_entropy(logits, y):
+    probs = jnp.exp(logits) / jnp.exp(logits).sum(axis=1, keepdims=True)
+    return -jnp.mean(jnp.log(probs[jnp.arange(len(y)), y]))
+
+
+def _psum_step(params, X, y, loss_fn, lr):
+    grads = lax.psum(jax.grad(loss_fn)(params, X, y), axis_name="devices")
+    return jax.tree.map(lambda p, g: p - lr * g, params, grads)
+
+
+def _local_step(params, X, y, loss_fn, lr):
+    grads = jax.grad(loss_fn)(params, X, y)
+    return jax.tree.map(lambda p, g: p - lr * g, params, grads)
+
+
+def _summed_accumulation(params, X, y, loss_fn, lr, num_micro):
+    grads = jax.tree.map(jnp.zeros_like, params)
+    for Xm, ym in zip(jnp.split(X, num_micro), jnp.split(y, num_micro)):
+        grads = jax.tree.map(jnp.add, grads, jax.grad(loss_fn)(params, Xm, ym))
+    return jax.tree.map(lambda p, g: p - lr * g, params, grads)
+
+
+def _stepwise_accumulation(params, X, y, loss_fn, lr, num_micro):
+    for Xm, ym in zip(jnp.split(X, num_micro), jnp.split(y, num_micro)):
+        params = jax.tree.map(lambda p, g: p - lr * g, params,
+                              jax.grad(loss_fn)(params, Xm, ym))
+    return params
+
+
+def _reduce_scatter_one_ahead(x, axis_name):  # the library's ring: device i owns chunk i + 1
+    k, i = lax.axis_size(axis_name), lax.axis_index(axis_name)
+    right = [(j, (j + 1) % k) for j in range(k)]
+    chunks = x.reshape(k, -1)
+    for s in range(k - 1):
+        received = lax.ppermute(chunks[(i - s) % k], axis_name, right)
+        chunks = chunks.at[(i - s - 1) % k].add(received)
+    return chunks[(i + 1) % k]
+
+
+def _reduce_scatter_short(x, axis_name):  # one step too few
+    k, i = lax.axis_size(axis_name), lax.axis_index(axis_name)
+    right = [(j, (j + 1) % k) for j in range(k)]
+    chunks = x.reshape(k, -1)
+    for s in range(1, k - 1):
+        received = lax.ppermute(chunks[(i - s) % k], axis_name, right)
+        chunks = chunks.at[(i - s - 1) % k].add(received)
+    return chunks[i]
+
+
+def _all_gather_by_receiver(x, axis_name):  # places chunks by step, not by origin
+    k = lax.axis_size(axis_name)
+    right = [(j, (j + 1) % k) for j in range(k)]
+    parts, current = [x], x
+    for _ in range(k - 1):
+        current = lax.ppermute(current, axis_name, right)
+        parts.append(current)
+    return jnp.concatenate(parts)
+
+
+def _allreduce_reduce_scatter_only(x, axis_name):
+    k, i = lax.axis_size(axis_name), lax.axis_index(axis_name)
+    chunks = x.reshape(k, -1)
+    return chunks.at[i].set(reduce_scatter(x, axis_name)).reshape(x.shape)
+
+
+def _allreduce_no_pad(x, axis_name):
+    return all_gather(reduce_scatter(x, axis_name), axis_name)
+
+
+def _loop_forever(*args):
+    while True:
+        pass
+
+
+WRONG = {
+    "verify_mesh_layout": [
+        (((lambda x, mesh: jax.device_put(x, NamedSharding(mesh, P()))),), "replicated"),
+        (((lambda x, mesh: jax.device_put(x, NamedSharding(mesh, P("x")))),), "not the columns"),
+        (((lambda x, mesh: jax.device_put(x, jax.devices()[0])),), "lives on one device"),
+        (((lambda x, mesh: np.asarray(x)),), "jax.device_put"),
+    ],
+    "verify_cross_entropy": [
+        ((_naive_cross_entropy,), "exp overflows"),
+        (((lambda logits, y: -jnp.sum(jnp.take_along_axis(jax.nn.log_softmax(logits),
+                                                         y[:, None], 1))),), "average over"),
+        (((lambda logits, y: -jnp.mean(jnp.take_along_axis(jax.nn.log_softmax(logits, axis=0),
+                                                          y[:, None], 1))),), "batch axis"),
+    ],
+    "verify_sgd_update": [
+        (((lambda params, grads, lr: jax.tree.map(lambda p, g: p + lr * g, params, grads)),),
+         "climbs the loss"),
+        (((lambda params, grads, lr: jax.tree.map(lambda p, g: p - g, params, grads)),),
+         "ignores the learning rate"),
+    ],
+    "verify_broadcast": [
+        (((lambda x, axis_name: lax.psum(x, axis_name)),), "sum of all 8"),
+        (((lambda x, axis_name: lax.pmean(jnp.where(lax.axis_index(axis_name) == 0, x, 0.0),
+                                         axis_name)),), "1/8 of device 0"),
+        (((lambda x, axis_name: x),), "nothing was communicated"),
+    ],
+    "verify_reduce_scatter": [
+        (((lambda x, axis_name: lax.psum_scatter(x, axis_name, tiled=True)),),
+         "lax.ppermute alone"),
+        ((_reduce_scatter_one_ahead,), "chunk i+1"),
+        ((_reduce_scatter_short,), "k-1 = 7 steps"),
+        (((lambda x, axis_name: x),), "all 8 chunks"),
+    ],
+    "verify_all_gather": [
+        (((lambda x, axis_name: lax.all_gather(x, axis_name, tiled=True)),), "lax.ppermute alone"),
+        ((_all_gather_by_receiver,), "out of order"),
+        (((lambda x, axis_name: jnp.zeros(x.size * lax.axis_size(axis_name), x.dtype).at[
+            lax.axis_index(axis_name) * x.size + jnp.arange(x.size)].set(x)),), "zeros"),
+    ],
+    "verify_ring_allreduce": [
+        (((lambda x, axis_name: lax.psum(x, axis_name)),), "lax.ppermute alone"),
+        (((lambda x, axis_name: ring_allreduce(x, axis_name) / lax.axis_size(axis_name)),),
+         "averaging is pmean"),
+        ((_allreduce_reduce_scatter_only,), "the all-gather"),
+    ],
+    "verify_ring_bytes": [
+        (((lambda n, k: 2 * (k - 1) * n),), "8\u00d7 too large"),
+        (((lambda n, k: (k - 1) / k * n),), "both phases"),
+        (((lambda n, k: 2 * n),), "does not depend on k"),
+    ],
+    "verify_split_batch": [
+        (((lambda X, y, k: (X.reshape(k, -1, *X.shape[1:]), y.reshape(k, -1))),),
+         "fails inside a reshape"),
+        (((lambda X, y, k: (X[:len(X) - len(X) % k].reshape(k, -1, *X.shape[1:]),
+                           y[:len(y) - len(y) % k].reshape(k, -1))),), "silently lost 4"),
+        (((lambda X, y, k: (np.stack([X[i::k] for i in range(k)]),
+                           np.stack([y[i::k] for i in range(k)]))),), "consecutive blocks"),
+        (((lambda X, y, k: (X.reshape(k, -1, *X.shape[1:]), y.reshape(k, -1)[::-1])
+          if len(X) % k == 0 else split_batch(X, y, k)),), "labels no longer match"),
+    ],
+    "verify_pmean_step": [
+        ((_psum_step,), "8\u00d7 too large: did you psum instead of pmean?"),
+        ((_local_step,), "devices disagree"),
+        (((lambda params, X, y, loss_fn, lr: _psum_step(params, X, y, loss_fn, lr / 64)),),
+         "8\u00d7 too small"),
+    ],
+    "verify_grad_accumulation": [
+        ((_summed_accumulation,), "4\u00d7 too large: you summed"),
+        ((_stepwise_accumulation,), "updated after every micro-batch"),
+    ],
+    "verify_jit_data_parallel": [
+        (((lambda params, X, y, mesh: jax.device_put((params, X, y),
+                                                    NamedSharding(mesh, P()))),),
+         "whole batch"),
+        (((lambda params, X, y, mesh: (
+            jax.device_put(params, NamedSharding(mesh, P("data"))),
+            *jax.device_put((X, y), NamedSharding(mesh, P("data"))))),), "parameters are split"),
+        (((lambda params, X, y, mesh: (
+            jax.device_put(params, NamedSharding(mesh, P())),
+            jax.device_put(X, NamedSharding(mesh, P(None, "data"))),
+            jax.device_put(y, NamedSharding(mesh, P("data"))))),), "axis 1"),
+        (((lambda params, X, y, mesh: (params, X, y)),), "host arrays"),
+    ],
+    "verify_shard_map_grad": [
+        (((lambda params, X, y, loss_fn: jax.grad(
+            lambda p: lax.psum(loss_fn(p, X, y), "data"))(params)),), "8\u00d7 too large"),
+        (((lambda params, X, y, loss_fn: jax.grad(loss_fn)(params, X, y)),), "8\u00d7 too large"),
+    ],
+    "verify_nnx_step": [
+        (((lambda model, optimizer, X, y: _nnx_step(model, optimizer, X, y, "sum")),),
+         "32\u00d7 too large"),
+        (((lambda model, optimizer, X, y: _nnx_step(model, optimizer, X, y, "no update")),),
+         "did not change"),
+    ],
+    "verify_batch_stats": [
+        (((lambda x, axis_name: (x.mean(0), x.var(0))),), "its own 4 examples"),
+        (((lambda x, axis_name: (lax.pmean(x.mean(0), axis_name),
+                                lax.pmean(x.var(0), axis_name))),), "spread between"),
+        (((lambda x, axis_name: (lax.psum(x.mean(0), axis_name),
+                                lax.pmean(x.var(0), axis_name))),), "psum adds"),
+    ],
+    "verify_flops_per_byte": [
+        (((lambda layers, b: flops_per_gradient_byte(layers, b) / 3),), "forward pass only"),
+        (((lambda layers, b: flops_per_gradient_byte(layers, b) * 4),), "4 bytes"),
+        (((lambda layers, b: 6 * b / 4),), "reuse"),
+    ],
+    "verify_keras_step": [
+        (((lambda model, loss_fn, optimizer: _keras_step_dropping_moving(
+            make_train_step(model, loss_fn, optimizer))),), "moving statistics"),
+    ],
+    "verify_alpha_beta": [
+        (((lambda n, k, alpha, beta: alpha + 2 * (k - 1) / k * n * beta),), "start-up alpha"),
+        (((lambda n, k, alpha, beta: 2 * (k - 1) * alpha + 2 * (k - 1) * n * beta),),
+         "8\u00d7 too large"),
+        (((lambda n, k, alpha, beta: 2 * (k - 1) * alpha + (k - 1) / k * n * beta),),
+         "twice"),
+    ],
+    "verify_bus_bandwidth": [
+        (((lambda collective, k, n, seconds: n / seconds),), "algorithm bandwidth"),
+        (((lambda collective, k, n, seconds: n / seconds * 2 * (k - 1) / k),), "one phase"),
+    ],
+    "verify_step_time": [
+        (((lambda t, k, g, alpha, beta: t + allreduce_time(g, k, alpha, beta)),),
+         "divide the compute time by k"),
+        (((lambda t, k, g, alpha, beta: t / k),), "no communication"),
+    ],
+    "verify_master_weights": [
+        (((lambda master, grads, lr: (master.astype(jnp.bfloat16) - lr * grads,) * 2),),
+         "keep them float32"),
+        (((lambda master, grads, lr: ((master.astype(jnp.bfloat16) - lr * grads)
+                                     .astype(jnp.float32), master.astype(jnp.bfloat16))),),
+         "lost updates"),
+    ],
+    "verify_ensemble_average": [
+        (((lambda logits: jax.nn.softmax(logits.mean(axis=0))),), "softmax first"),
+        (((lambda logits: jax.nn.softmax(logits).mean(axis=1)),), "axis 1"),
+        (((lambda logits: logits.mean(axis=0)),), "averaged the logits"),
+    ],
+    "verify_training_memory": [
+        (((lambda P_, A, k, s: bytes_per_device(P_, A, k, s)
+           - 8 * P_ / (1 if s == "dp" else k)),), "Adam's two moments"),
+        (((lambda P_, A, k, s: 16 * P_ + A / k if s != "tp" else 16 * P_ / k + A),),
+         "FSDP splits"),
+        (((lambda P_, A, k, s: 16 * P_ / (1 if s == "dp" else k) + A / k),),
+         "does not split the batch"),
+    ],
+    "verify_remat_memory": [
+        (((lambda L, a, b, remat: L * a if remat else L * (a + b)),), "add one layer"),
+        (((lambda L, a, b, remat: L * (a + b)),), "only each layer's input"),
+    ],
+    "verify_logical_rules": [
+        ((dict(rules, embed="model"),), "Megatron keeps 'embed' whole"),
+        ((dict(rules, batch=None),), "map 'batch' to 'data'"),
+        (({k: v for k, v in rules.items() if k != "vocab"},), "missing ['vocab']"),
+        ((dict(rules, mlp=None),), "'mlp' axis over 'model'"),
+    ],
+    "verify_fsdp_spec": [
+        ((P(),), "that is data parallelism"),
+        ((P("model", None),), "one axis, 'data'"),
+        ((P("data", "data"),), "names a mesh axis twice"),
+        (("data",), "should be a jax.sharding.PartitionSpec"),
+    ],
+    "verify_megatron_specs": [
+        (((P("model", None), P(None, "model")),), "wrong way round"),
+        (((P(None, "model"), P(None, "model")),), "all-gather between the layers"),
+        (((P("model", None), P("model", None)),), "gelu(a + b)"),
+        (((P(None, "model"), P()),), "W2 is replicated"),
+    ],
+    "verify_gpipe_bubble": [
+        (((lambda p, m: (p - 1) / m),), "relative to the useful work"),
+        (((lambda p, m: p / (m + p)),), "off by one"),
+    ],
+    "verify_1f1b": [
+        (((lambda p, m: ((p - 1) / (m + p - 1), m)),), "is GPipe"),
+        (((lambda p, m: ((p - 1) / (2 * m + p - 1), min(p, m))),), "does not shrink the bubble"),
+        (((lambda p, m: ((p - 1) / (m + p - 1), p)),), "no stage can hold more than m"),
+    ],
+    "verify_overlapped_step": [
+        (((lambda backward, comm, b: max(backward, comm)),), "perfect overlap is impossible"),
+        (((lambda backward, comm, b: backward + comm),), "no overlap at all"),
+        (((lambda backward, comm, b: backward + comm / b),), "the link is the bottleneck"),
+    ],
+    "verify_restore_target": [
+        (((lambda tree, mesh, specs: jax.tree.map(
+            lambda x, s: jax.device_put(x, NamedSharding(mesh, s)), tree, specs)),),
+         "you returned arrays"),
+        (((lambda tree, mesh, specs: jax.tree.map(
+            lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype), tree)),), "no sharding"),
+        (((lambda tree, mesh, specs: jax.tree.map(
+            lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding), tree)),),
+         "saved from"),
+    ],
+    "verify_exact_resume": [
+        ((save_position, lambda make_iterator, saved: make_iterator()),
+         "starts from the beginning"),
+        ((lambda iterator: iterator, resume), "saved the iterator itself"),
+    ],
+    "verify_process_rows": [
+        (((lambda b, n, p: range(p, b, n)),), "interleaved"),
+        (((lambda b, n, p: range((p + 1) * (b // n), (p + 2) * (b // n))),), "off by one"),
+        (((lambda b, n, p: range(b)),), "each loads"),
+    ],
+    "verify_checkpoint_interval": [
+        (((lambda c, mtbf, n: math.sqrt(2 * c * mtbf)),), "fails 1000 times as often"),
+        (((lambda c, mtbf, n: math.sqrt(c * mtbf / n)),), "\u221a2 too small"),
+    ],
+}
+
+
+def _nnx_step(model, optimizer, X, y, mistake):
+    from flax import nnx
+
+    def loss_fn(model):
+        losses = optax.softmax_cross_entropy_with_integer_labels(model(X), y)
+        return losses.sum() if mistake == "sum" else losses.mean()
+    loss, grads = nnx.value_and_grad(loss_fn)(model)
+    if mistake != "no update":
+        optimizer.update(model, grads)
+    return loss
+
+
+def _keras_step_dropping_moving(step):
+    def train_step(state, X, y):
+        loss, (trainable, _, optimizer_variables) = step(state, X, y)
+        return loss, (trainable, state[1], optimizer_variables)
+    return train_step
+
+
+# A starter as the student edition has it, for a function and for a value.
+def starter_function(*args, **kwargs):
+    ...  # YOUR CODE HERE
+
+
+def starter_raises(*args, **kwargs):
+    raise NotImplementedError()
+
+
+STARTER_VALUE = ...
+LOOPS_FOREVER = _loop_forever

@@ -1,0 +1,87 @@
+"""The self-checking exercises (d2l_multi/exercises.py): every reference solution passes its
+check, public and hidden cases; every plausible wrong answer fails with the hint meant for it;
+a starter fails with one line, never a traceback; and every main-line notebook has a check."""
+import pathlib
+import re
+import subprocess
+import sys
+
+import pytest
+
+import d2l_multi as d2l
+from d2l_multi import exercises
+
+import exercise_answers as answers
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent
+MAIN_LINE = ["00_devices", "01_lenet_from_scratch", "02_allreduce",
+             "03_data_parallel_from_scratch", "04a_jit_and_shardings", "04b_shard_map",
+             "05a_flax", "05b_batchnorm", "05c_resnet", "06_keras", "07a_collectives",
+             "07b_predicting_steps", "07c_mixed_precision", "08_ensembles",
+             "09a_memory_and_remat", "09b_transformer_and_meshes",
+             "09c_fsdp_and_tensor_parallelism", "09d_pipeline_parallelism",
+             "09e_overlapping_communication", "10a_checkpoints", "10b_input_pipelines",
+             "11a_multi_process", "11b_failures_and_clusters"]
+WRONG = [(name, i) for name, cases in answers.WRONG.items() for i in range(len(cases))]
+
+
+def test_every_main_line_notebook_has_checks_and_every_check_an_answer():
+    assert len(exercises.CHECKS) >= 25
+    assert set(exercises.CHECKS.values()) == set(MAIN_LINE)
+    assert set(answers.REFERENCE) == set(exercises.CHECKS) == set(answers.WRONG)
+    assert all(name in d2l.__all__ for name in exercises.CHECKS)
+
+
+@pytest.mark.parametrize("name", sorted(answers.REFERENCE))
+def test_the_reference_solution_passes(name, capsys):
+    getattr(d2l, name)(*answers.REFERENCE[name], hidden=True)  # the public cases, then more
+    out = capsys.readouterr().out
+    assert out.startswith(f"PASS {name.removeprefix('verify_')}: ") and out.count("\n") == 1
+
+
+@pytest.mark.parametrize("name,i", WRONG, ids=[f"{n}-{i}" for n, i in WRONG])
+def test_a_wrong_answer_fails_with_its_hint(name, i):
+    wrong, hint = answers.WRONG[name][i]
+    with pytest.raises(d2l.CheckFailed) as failed:
+        getattr(d2l, name)(*wrong)
+    message = str(failed.value)
+    assert message.startswith(f"FAIL {name.removeprefix('verify_')}: ")
+    assert hint in message, message
+    assert "\n" not in message and failed.value._render_traceback_() == [message]
+
+
+@pytest.mark.parametrize("name", sorted(answers.REFERENCE))
+def test_a_starter_fails_with_one_line(name):
+    """The student edition's starters: a function whose body is ``...`` (returns None), one
+    that raises NotImplementedError, a value left as ``...``."""
+    for starter in (answers.starter_function, answers.starter_raises):
+        given = tuple(starter if callable(a) else answers.STARTER_VALUE
+                      for a in answers.REFERENCE[name])
+        with pytest.raises(d2l.CheckFailed) as failed:
+            getattr(d2l, name)(*given)
+        message = str(failed.value)
+        assert "\n" not in message and re.search(
+            r"returned None|not written yet|is still `\.\.\.`", message), message
+
+
+def test_a_check_reports_an_exception_of_the_students_code_in_one_line():
+    def broken(n, k):
+        return n / 0
+    with pytest.raises(d2l.CheckFailed, match=r"`broken` raised ZeroDivisionError: division by "
+                                              r"zero$"):
+        d2l.verify_ring_bytes(broken)
+
+
+def test_importing_the_checks_starts_no_backend():
+    code = ("import sys, d2l_multi as d2l\nd2l.CHECKS\n"
+            "from jax._src import xla_bridge\n"
+            "print(xla_bridge.backends_are_initialized(), 'flax' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         timeout=120, check=True).stdout
+    assert out.split() == ["False", "False"]
+
+
+def test_the_teachers_guide_lists_every_check_with_its_notebook():
+    guide = (ROOT / "docs" / "classroom.md").read_text()
+    for name, notebook in exercises.CHECKS.items():
+        assert re.search(rf"^\| `?{notebook}`? .*`{name}`", guide, re.M), (name, notebook)
