@@ -17,15 +17,15 @@ __version__ = "0.1.0"
 _MODULES = {  # module: the public names it holds, in the chapter's order
     "smoke_switch": ["SMOKE_ENV", "pick", "shrink", "smoke"],
     "hardware": ["choose_devices", "describe", "describe_machine", "device_mesh", "devices",
-                 "num_gpus", "simulate_devices", "size_cpu_thread_pool", "try_all_gpus",
-                 "try_gpu"],
+                 "num_gpus", "set_cpu_compiler_flags", "simulate_devices", "size_cpu_thread_pool",
+                 "try_all_gpus", "try_gpu"],
     "utils": ["Accumulator", "Timer", "check_positive", "max_difference", "time_call",
               "validated"],
     "plot": ["Animator", "set_axes", "show_images", "use_svg_display"],
     "data": ["DATA_ENV", "DataError", "FashionMNIST", "MNIST", "cache_dir", "dataset_dir",
              "load_data_fashion_mnist", "load_dataset", "read_idx_gz"],
     # LeNet from scratch, allreduce, data parallelism by hand
-    "models": ["avg_pool2d", "conv2d", "conv2d_im2col", "conv2d_xla", "evaluate_accuracy",
+    "models": ["avg_pool2d", "conv2d", "conv2d_im2col", "evaluate_accuracy",
                "init_lenet_params", "lenet", "loss_fn", "num_correct"],
     "collectives": ["allreduce", "check_allreduce", "check_replicate", "replicate",
                     "ring_allreduce", "unreplicate"],

@@ -1,11 +1,19 @@
-"""``python -m d2l_multi benchmark [lenet | collectives | predict | models] [options]``: measurements
-behind docs/benchmarks.md. Each prints the machine (CPU, cores, load, OS, versions, devices).
+"""``python -m d2l_multi benchmark [lenet | profile | collectives | predict | models] [options]``:
+measurements behind docs/benchmarks.md. Each prints the machine (CPU, cores, load, OS, versions,
+devices).
 
 lenet (the default)  One Fashion-MNIST epoch of LeNet (batch 256, 234 steps; ``--steps`` times
                      fewer and scales up) for the straightforward formulation of d2l's text
-                     (pmap, NCHW, batches copied from the host every step) and the chapter's
-                     paths (NHWC, ``d2l.conv2d``; pmap, or jit + shardings with the epoch on the
-                     devices), on 1 and N devices, and PyTorch on one CPU when it is installed.
+                     (pmap, NCHW, batches copied from the host every step; with XLA:CPU's
+                     default libraries and with the chapter's flags) and the chapter's paths
+                     (NHWC, ``d2l.conv2d``; pmap, or jit + shardings with the epoch on the
+                     devices), on 1 and N devices, and PyTorch eager on one CPU (one thread per
+                     core, NCHW and channels-last) when it is installed. ``--rounds`` rounds
+                     time every row in turn: minimum and median.
+profile              LeNet's step part by part (convolutions forward, input and kernel
+                     gradients, dense layers, elementwise work, the update, the allreduce) from
+                     JAX's profiler, beside torch.profiler's parts of PyTorch's step; the
+                     host-to-device copy of a batch; the step on N devices.
 collectives          psum, all_gather, psum_scatter and ppermute on 2, 4 and 8 devices from
                      2 KB up: median time, spread, algorithm and bus bandwidth (nccl-tests'
                      definitions), and the alpha-beta fit of each (notebook 07a).
@@ -19,11 +27,12 @@ import argparse
 import functools
 import os
 import platform
+import statistics
 import sys
 import time
 
 EPOCH_IMAGES = 60000
-SUBCOMMANDS = ("lenet", "collectives", "predict", "models")
+SUBCOMMANDS = ("lenet", "profile", "collectives", "predict", "models")
 COLLECTIVE_NAMES = ("psum", "all_gather", "psum_scatter", "ppermute")
 
 
@@ -65,6 +74,19 @@ def _machine():
 
 # --- lenet: where an epoch's time goes ------------------------------------------------------
 
+def xla_cpu_defaults():
+    """Compiler options that give one program XLA:CPU's default use of YNNPACK back, in a process
+    where ``d2l.set_cpu_compiler_flags`` turned it off; ``{}`` where that flag was not set."""
+    from importlib import metadata
+    import d2l_multi as d2l
+    version = metadata.version("jaxlib")
+    if not version.startswith("0.10.") or not d2l.set_cpu_compiler_flags({}, version):
+        return {}
+    types = ("REDUCE", "INDIVIDUAL_DOT", "INDIVIDUAL_CONVOLUTION")  # jaxlib 0.10.2's defaults
+    return {"xla_cpu_experimental_ynn_fusion_type":
+            ",".join(f"LIBRARY_FUSION_TYPE_{t}" for t in types)}
+
+
 def _lenet_nchw(params, X):
     import jax
     from jax import lax
@@ -84,8 +106,9 @@ def _lenet_nchw(params, X):
     return jax.nn.relu(h @ W3 + b3) @ W4 + b4
 
 
-def straightforward(n, X, y, batch):
-    """d2l's text in JAX: pmap step, NCHW, params stacked per device, host batches each step."""
+def straightforward(n, X, y, batch, compiler_options=None):
+    """d2l's text in JAX: pmap step, NCHW, params stacked per device, host batches each step;
+    compiled with ``compiler_options`` (e.g. ``xla_cpu_defaults()``)."""
     import jax
     import numpy as np
     import optax
@@ -103,11 +126,14 @@ def straightforward(n, X, y, batch):
         loss_value, grads = jax.value_and_grad(loss)(params)
         grads = jax.lax.pmean(grads, "d")
         return [p - lr * g for p, g in zip(params, grads)], loss_value
+    compiled = []
 
     def run(i, state):
         i %= steps
         Xb, yb = d2l.split_batch(X[i * batch:(i + 1) * batch], y[i * batch:(i + 1) * batch], n)
-        return step(state, Xb, yb, 0.1)
+        if not compiled:
+            compiled.append(step.lower(state, Xb, yb, 0.1).compile(compiler_options or {}))
+        return compiled[0](state, Xb, yb, 0.1)
     return params, run
 
 
@@ -147,43 +173,62 @@ def chapter_jit(n, X, y, batch):
     return params, run
 
 
-def _time_jax(make, n, X, y, batch, steps, warmup=3):
-    import jax
-    state, run = make(n, X, y, batch)
-    for i in range(warmup):
-        state, loss = run(i, state)
-    jax.block_until_ready(state)
-    t = time.perf_counter()
-    for i in range(steps):
-        state, loss = run(i, state)
-    jax.block_until_ready((state, loss))
-    return (time.perf_counter() - t) / steps
+class _JaxRow:
+    """A JAX formulation ready to time: its state survives between rounds."""
+
+    def __init__(self, make, n, X, y, batch, warmup=3):
+        import jax
+        self.state, self.run = make(n, X, y, batch)
+        self.step = 0
+        self.time(warmup)
+        jax.block_until_ready(self.state)
+
+    def time(self, steps):
+        import jax
+        t = time.perf_counter()
+        for _ in range(steps):
+            self.state, loss = self.run(self.step, self.state)
+            self.step += 1
+        jax.block_until_ready((self.state, loss))
+        return (time.perf_counter() - t) / steps
 
 
-def _time_torch(X, y, batch, steps, warmup=3):
-    import torch
-    from torch import nn
-    net = nn.Sequential(nn.Conv2d(1, 20, 3), nn.ReLU(), nn.AvgPool2d(2),
-                        nn.Conv2d(20, 50, 5), nn.ReLU(), nn.AvgPool2d(2), nn.Flatten(),
-                        nn.Linear(800, 128), nn.ReLU(), nn.Linear(128, 10))
-    opt = torch.optim.SGD(net.parameters(), lr=0.1)
-    Xt = torch.from_numpy(X.transpose(0, 3, 1, 2).copy())
-    yt = torch.from_numpy(y.astype("int64"))
-    loss_fn = nn.CrossEntropyLoss()
-    num_batches = len(X) // batch
+def torch_threads():
+    """PyTorch's intra-op threads for the baseline: one per core this process may run on."""
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
 
-    def run(i):
-        i %= num_batches
-        opt.zero_grad()
-        loss = loss_fn(net(Xt[i * batch:(i + 1) * batch]), yt[i * batch:(i + 1) * batch])
-        loss.backward()
-        opt.step()
-    for i in range(warmup):
-        run(i)
-    t = time.perf_counter()
-    for i in range(steps):
-        run(i)
-    return (time.perf_counter() - t) / steps
+
+class _TorchRow:
+    """LeNet in PyTorch eager, SGD, on one CPU device; NCHW or channels-last."""
+
+    def __init__(self, X, y, batch, channels_last, warmup=3):
+        import torch
+        from torch import nn
+        torch.manual_seed(0)
+        self.net = nn.Sequential(nn.Conv2d(1, 20, 3), nn.ReLU(), nn.AvgPool2d(2),
+                                 nn.Conv2d(20, 50, 5), nn.ReLU(), nn.AvgPool2d(2), nn.Flatten(),
+                                 nn.Linear(800, 128), nn.ReLU(), nn.Linear(128, 10))
+        self.X = torch.from_numpy(X.transpose(0, 3, 1, 2).copy())
+        if channels_last:
+            self.net = self.net.to(memory_format=torch.channels_last)
+            self.X = self.X.contiguous(memory_format=torch.channels_last)
+        self.y = torch.from_numpy(y.astype("int64"))
+        self.opt = torch.optim.SGD(self.net.parameters(), lr=0.1)
+        self.loss_fn = nn.CrossEntropyLoss()
+        self.batch, self.num_batches, self.step = batch, len(X) // batch, 0
+        self.time(warmup)
+
+    def time(self, steps):
+        b = self.batch
+        t = time.perf_counter()
+        for _ in range(steps):
+            i = self.step % self.num_batches
+            self.opt.zero_grad()
+            loss = self.loss_fn(self.net(self.X[i * b:(i + 1) * b]), self.y[i * b:(i + 1) * b])
+            loss.backward()
+            self.opt.step()
+            self.step += 1
+        return (time.perf_counter() - t) / steps
 
 
 def lenet_main(argv):
@@ -192,11 +237,16 @@ def lenet_main(argv):
     p.add_argument("--devices", type=int, default=8,
                    help="N for the multi-device rows (simulated on CPU; default 8)")
     p.add_argument("--steps", type=int, default=None,
-                   help="steps to time per row (default: a whole epoch, 234; 10 in smoke mode)")
+                   help="steps to time per row and round (default: a whole epoch, 234; 10 in "
+                        "smoke mode)")
+    p.add_argument("--rounds", type=int, default=3,
+                   help="rounds over all rows, each timing every row once; the table gives the "
+                        "minimum and the median (default 3; 1 in smoke mode)")
     p.add_argument("--batch-size", type=int, default=256, help="global batch (default 256)")
     args = p.parse_args(argv)
     _positive("--devices", args.devices, 8)
     _positive("--batch-size", args.batch_size, 256)
+    _positive("--rounds", args.rounds, 3)
     if args.steps is not None:
         _positive("--steps", args.steps, 60)
     import d2l_multi as d2l
@@ -209,39 +259,268 @@ def lenet_main(argv):
     d2l.devices(args.devices)
     print(_machine())
     print(_torch_version())
+    print(f"XLA_FLAGS: {os.environ.get('XLA_FLAGS', '')}")
     data = d2l.FashionMNIST(args.batch_size)
     X, y = data.train
     steps = min(args.steps or d2l.pick(epoch_steps, 10), epoch_steps)
-    print(f"timing {steps} steps of batch {args.batch_size} per row; sec/epoch = "
-          f"time per step x {epoch_steps}" + (" [SMOKE RUN]" if d2l.smoke() else ""))
-    rows = []
-    for name, make in [("straightforward (d2l text): pmap, NCHW, host batches", straightforward),
-                       ("chapter d2l.train: pmap, NHWC, d2l.conv2d", chapter_pmap),
-                       ("chapter jit + NamedSharding, data on device", chapter_jit)]:
-        for n in dict.fromkeys((1, args.devices)):
-            sec = _time_jax(make, n, X, y, args.batch_size, steps)
-            rows.append((name, f"{n} dev", sec))
-            print(f"{name:55} {n} dev: {1000 * sec:7.1f} ms/step {sec * epoch_steps:6.1f} s/epoch",
-                  flush=True)
+    rounds = d2l.shrink(args.rounds, 1)
+    print(f"timing {steps} steps of batch {args.batch_size} per row in each of {rounds} rounds; "
+          f"sec/epoch = time per step x {epoch_steps}" + (" [SMOKE RUN]" if d2l.smoke() else ""))
+    defaults = xla_cpu_defaults()
+    formulations = [
+        ("straightforward (d2l text): pmap, NCHW, host batches, XLA:CPU defaults",
+         functools.partial(straightforward, compiler_options=defaults)),
+        ("straightforward (d2l text) with d2l.simulate_devices' XLA flags", straightforward),
+        ("chapter d2l.train: pmap, NHWC, d2l.conv2d", chapter_pmap),
+        ("chapter jit + NamedSharding, data on device", chapter_jit)]
+    if not defaults:  # the first two rows would be the same
+        formulations.pop(0)
+    rows = [(name, f"{n} dev", _JaxRow(make, n, X, y, args.batch_size))
+            for name, make in formulations for n in dict.fromkeys((1, args.devices))]
     try:
-        sec = _time_torch(X, y, args.batch_size, steps)
-        rows.append(("PyTorch eager, NCHW", "1 CPU", sec))
-        print(f"{'PyTorch eager, NCHW':55} 1 CPU: {1000 * sec:7.1f} ms/step "
-              f"{sec * epoch_steps:6.1f} s/epoch", flush=True)
+        import torch
+        torch.set_num_threads(torch_threads())
+        rows += [(f"PyTorch eager, {layout}", "1 CPU", _TorchRow(X, y, args.batch_size, cl))
+                 for layout, cl in (("NCHW", False), ("channels-last", True))]
     except ImportError:
         pass
-    print("\n| formulation | devices | ms/step | s/epoch |\n|---|---|---|---|")
-    for name, dev, sec in rows:
-        print(f"| {name} | {dev} | {1000 * sec:.1f} | {sec * epoch_steps:.1f} |")
+    samples, cpu = {id(row): [] for *_, row in rows}, {id(row): [] for *_, row in rows}
+    for r in range(rounds):  # every row once per round: each sees the machine alike
+        for name, dev, row in rows:
+            start = time.process_time()  # CPU seconds of every thread of this process
+            samples[id(row)].append(row.time(steps))
+            cpu[id(row)].append((time.process_time() - start) / steps)
+        print(f"round {r + 1}/{rounds} done, load average "
+              f"{' '.join(f'{x:.2f}' for x in os.getloadavg())}", flush=True)
+    print("\n| formulation | devices | ms/step (min) | CPU ms/step (min) | s/epoch (min) | "
+          "s/epoch (median) |\n|---|---|---|---|---|---|")
+    results = {}
+    for name, dev, row in rows:
+        low, mid = min(samples[id(row)]), statistics.median(samples[id(row)])
+        results[name, dev] = (low * epoch_steps, mid * epoch_steps)
+        print(f"| {name} | {dev} | {1000 * low:.1f} | {1000 * min(cpu[id(row)]):.1f} | "
+              f"{low * epoch_steps:.1f} | {mid * epoch_steps:.1f} |")
+    print()
+    for line in lenet_ratios(results, args.devices):
+        print(line)
     return 0
 
 
-def _torch_version():
+def lenet_ratios(results, n):
+    """The comparisons the lenet table is for, as lines of text: ``results`` maps (formulation,
+    devices) to (min, median) seconds per epoch."""
+    def ratio(a, b):
+        return f"{a[1] / b[1]:.2f} (median), {a[0] / b[0]:.2f} (min)"
+    chapter = "chapter d2l.train: pmap, NHWC, d2l.conv2d"
+    torch = [v for (name, _), v in results.items() if name.startswith("PyTorch")]
+    lines = []
+    if torch:
+        best_torch = min(torch, key=lambda v: v[1])
+        best_n = min((v for (name, dev), v in results.items()
+                      if name.startswith("chapter") and dev == f"{n} dev"), key=lambda v: v[1])
+        lines += [f"chapter d2l.train, 1 device / PyTorch eager (faster layout): "
+                  f"{ratio(results[chapter, '1 dev'], best_torch)}",
+                  f"chapter, best {n}-device row / PyTorch eager (faster layout): "
+                  f"{ratio(best_n, best_torch)}"]
+    first = next(name for name, _ in results if name.startswith("straightforward"))
+    if n > 1:
+        lines.append(f"speed-up of chapter d2l.train over {first}, {n} devices: "
+                     f"{ratio(results[first, f'{n} dev'], results[chapter, f'{n} dev'])}")
+    return lines
+
+
+def _torch_version(threads=None):
     try:
         import torch
-        return f"torch {torch.__version__} ({torch.get_num_threads()} threads)"
+        if threads:
+            return f"torch {torch.__version__} ({threads} thread)"
+        return f"torch {torch.__version__} ({torch_threads()} threads, one per core)"
     except ImportError:
         return "torch not installed (PyTorch baseline skipped)"
+
+
+# --- profile: LeNet's step op by op, JAX beside PyTorch -------------------------------------
+
+PARTS = ("convolutions, forward", "convolutions, input gradient",
+         "convolutions, kernel gradient", "convolutions, input and kernel gradients",
+         "dense layers, forward and backward",
+         "elementwise, pooling, loss, reductions, copies", "SGD update", "allreduce (pmean)")
+TORCH_OPS = {"aten::mkldnn_convolution": "convolutions, forward",
+             "aten::convolution_backward": "convolutions, input and kernel gradients",
+             "aten::mm": "dense layers, forward and backward",
+             "aten::addmm": "dense layers, forward and backward",
+             "aten::add_": "SGD update", "aten::_foreach_add_": "SGD update"}
+
+
+def hlo_instructions(hlo_text):
+    """``{name: (opcode, dims, op_name)}`` for the instructions of a compiled program's entry
+    computation, whose thunks on XLA:CPU carry these names. A fusion that holds a convolution
+    or a matrix product (one handed to a library such as YNNPACK) counts as that operation."""
+    import re
+    line_re = re.compile(r"\s+(?:ROOT )?%(\S+) = (.*?) ([a-z][\w-]*)\((.*)")
+
+    def parse(line):
+        m = line_re.match(line)
+        if not m:
+            return None
+        name, shape, opcode, rest = m.groups()
+        op_name = re.search(r'op_name="([^"]*)"', rest)
+        dims = re.match(r"\w+\[([\d,]*)\]", shape)
+        return (name, opcode, tuple(int(d) for d in dims.group(1).split(",") if d) if dims
+                else (), op_name.group(1) if op_name else "", rest)
+    bodies = {m.group(1): m.group(2) for m in
+              re.finditer(r"\n%([\w.-]+) [^\n]*\{\n(.*?)\n\}", hlo_text, re.S)}
+    table = {}
+    for line in hlo_text[hlo_text.index("\nENTRY"):].splitlines()[1:]:
+        parsed = parse(line)
+        if not parsed:
+            continue
+        name, opcode, dims, op_name, rest = parsed
+        calls = re.search(r"calls=%([\w.-]+)", rest)
+        if opcode == "fusion" and calls:
+            inner = [parse(l) for l in bodies.get(calls.group(1), "").splitlines()]
+            inner = [i for i in inner if i and i[1] in ("convolution", "dot")]
+            if inner:
+                _, opcode, dims, op_name, _ = inner[-1]
+        table[name] = (opcode, dims, op_name)
+    return table
+
+
+def jax_part(opcode, dims, op_name, params_dims):
+    """Which part of a training step an instruction of its program belongs to."""
+    if opcode.startswith("all-reduce"):
+        return "allreduce (pmean)"
+    if opcode == "convolution":
+        if tuple(sorted(dims)) in params_dims:  # a kernel's shape (some carry no op_name)
+            return "convolutions, kernel gradient"
+        return ("convolutions, input gradient" if "transpose(" in op_name
+                else "convolutions, forward")
+    if opcode == "dot":
+        return "dense layers, forward and backward"
+    if op_name.endswith("/sub") and "jvp" not in op_name:
+        return "SGD update"
+    return "elementwise, pooling, loss, reductions, copies"
+
+
+def profile_jax(compiled, args, steps, log_dir):
+    """Milliseconds per step of each part of ``compiled`` (a jitted training step), from a trace
+    of ``steps`` calls with JAX's profiler: ``{part: ms}``. With an intra-op pool of one thread
+    every operation runs to its end inside its own trace event."""
+    import glob
+    import gzip
+    import json
+    import jax
+    table = hlo_instructions(compiled.as_text())
+    kernels = {tuple(sorted(p.shape)) for p in jax.tree.leaves(args[0]) if p.ndim == 4}
+    state = args[0]
+    jax.block_until_ready(compiled(state, *args[1:]))
+    with jax.profiler.trace(log_dir, create_perfetto_trace=True):
+        for _ in range(steps):
+            state, loss = compiled(state, *args[1:])
+        jax.block_until_ready((state, loss))
+    trace = sorted(glob.glob(f"{log_dir}/**/perfetto_trace.json.gz", recursive=True))[-1]
+    with gzip.open(trace) as f:
+        events = json.load(f)
+    events = events["traceEvents"] if isinstance(events, dict) else events
+    parts = {}
+    for e in events:
+        if e.get("ph") == "X" and e.get("name") in table:
+            part = jax_part(*table[e["name"]], kernels)
+            parts[part] = parts.get(part, 0.0) + e.get("dur", 0) / 1000 / steps
+    return parts
+
+
+def profile_torch(row, steps):
+    """Milliseconds per step of each part of PyTorch's step (its operators' own CPU time, from
+    torch.profiler over ``steps`` steps): ``{part: ms}``."""
+    from torch.profiler import ProfilerActivity, profile
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        row.time(steps)
+    parts = {}
+    for event in prof.key_averages():
+        if event.key.startswith("aten::"):
+            part = TORCH_OPS.get(event.key, "elementwise, pooling, loss, reductions, copies")
+            parts[part] = parts.get(part, 0.0) + event.self_cpu_time_total / 1000 / steps
+    return parts
+
+
+def profile_main(argv):
+    p = _Parser(prog="python -m d2l_multi benchmark profile",
+                description="LeNet's training step part by part on one core: JAX's profiler "
+                            "beside PyTorch's.")
+    p.add_argument("--batch-size", type=int, default=256, help="batch (default 256)")
+    p.add_argument("--steps", type=int, default=20, help="profiled steps (default 20)")
+    p.add_argument("--devices", type=int, default=8,
+                   help="N: also time one device's share of the batch on N devices "
+                        "(default 8)")
+    args = p.parse_args(argv)
+    for name, value, example in (("--batch-size", args.batch_size, 256),
+                                 ("--steps", args.steps, 20), ("--devices", args.devices, 8)):
+        _positive(name, value, example)
+    import tempfile
+    import d2l_multi as d2l
+    d2l.check_divisible(args.batch_size, args.devices)
+    os.environ["PJRT_NPROC"] = "1"          # XLA:CPU's intra-op pool: one thread
+    d2l.set_cpu_compiler_flags()            # the chapter's flags, as d2l.simulate_devices sets
+    import jax
+    jax.config.update("jax_num_cpu_devices", 1)
+    print(_machine())
+    print(_torch_version(threads=1))
+    print(f"XLA_FLAGS: {os.environ.get('XLA_FLAGS', '')}; PJRT_NPROC=1 (one thread)")
+    B, steps = args.batch_size, d2l.shrink(args.steps, 2)
+    X, y = d2l.FashionMNIST(B).train
+
+    def step(params, X, y):
+        loss, grads = jax.value_and_grad(d2l.loss_fn)(params, X, y)
+        return [p - 0.1 * g for p, g in zip(params, grads)], loss
+    params = d2l.init_lenet_params(jax.random.key(0))
+    batch = jax.device_put((X[:B], y[:B]))
+    columns, walls = {}, {}
+    with tempfile.TemporaryDirectory() as log_dir:
+        for label, options in (("JAX, chapter", {}), ("JAX, XLA:CPU defaults",
+                                                     xla_cpu_defaults())):
+            if label == "JAX, chapter" or options:
+                compiled = jax.jit(step).lower(params, *batch).compile(options)
+                columns[label] = profile_jax(compiled, (params, *batch), steps,
+                                             f"{log_dir}/{len(columns)}")
+                walls[label] = d2l.time_call(compiled, params, *batch, repeat=steps)
+    chapter = jax.jit(step)
+    share = B // args.devices
+    timed = {"host": [], "device": [], "share": []}
+    for _ in range(steps):  # in turn: each sees the machine alike
+        timed["host"].append(d2l.time_call(chapter, params, X[:B], y[:B], repeat=3))
+        timed["device"].append(d2l.time_call(chapter, params, *batch, repeat=3))
+        timed["share"].append(d2l.time_call(chapter, params, *jax.device_put(
+            (X[:share], y[:share])), repeat=3) * args.devices)
+    host, device, shares = (min(timed[k]) for k in ("host", "device", "share"))
+    try:
+        import torch
+        torch.set_num_threads(1)
+        for layout, cl in (("NCHW", False), ("channels-last", True)):
+            row = _TorchRow(X, y, B, cl)
+            columns[f"PyTorch eager, {layout}"] = profile_torch(row, steps)
+            walls[f"PyTorch eager, {layout}"] = min(row.time(3) for _ in range(steps))
+    except ImportError:
+        pass
+    names = list(columns)
+    print(f"\none core, batch {B}, {steps} steps: milliseconds per step of each part (each "
+          f"operation's time as the profiler records it)" +
+          (" [SMOKE RUN]" if d2l.smoke() else ""))
+    print("| part | " + " | ".join(names) + " |\n|---|" + "---|" * len(names))
+    parts = [p for p in PARTS if any(p in c for c in columns.values())]
+    parts += sorted({p for c in columns.values() for p in c} - set(parts))
+    for part in parts:
+        print(f"| {part} | " + " | ".join(f"{columns[n].get(part, 0.0):.1f}" if part in
+                                          columns[n] else "-" for n in names) + " |")
+    print("| all operations | " + " | ".join(f"{sum(columns[n].values()):.1f}" for n in names)
+          + " |")
+    print("| the step, timed without the profiler | " +
+          " | ".join(f"{1000 * walls[n]:.1f}" for n in names) + " |")
+    print(f"\nthe chapter's step on one core: {1000 * device:.1f} ms with the batch on the "
+          f"device, {1000 * host:.1f} ms with NumPy inputs (the host-to-device copy: "
+          f"{1000 * (host - device):.2f} ms); {args.devices} steps of {share} images, one "
+          f"device's share on {args.devices} devices: {1000 * shares:.1f} ms")
+    return 0
 
 
 # --- collectives: the alpha-beta model ------------------------------------------------------
@@ -448,5 +727,5 @@ def main(argv=None):
         return 0
     if command not in SUBCOMMANDS:
         raise ValueError(f"unknown benchmark {command!r}; use one of {', '.join(SUBCOMMANDS)}")
-    return {"lenet": lenet_main, "collectives": collectives_main,
+    return {"lenet": lenet_main, "profile": profile_main, "collectives": collectives_main,
             "predict": predict_main, "models": models_main}[command](argv)

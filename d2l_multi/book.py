@@ -3,7 +3,9 @@
 The landing page and configuration live in ``book/``, the pages are ``chapters/*.ipynb`` in
 file-name order. By default every notebook is executed through jupyter-cache, so a rebuild
 re-runs only notebooks whose code changed (changes to ``d2l_multi`` itself are not noticed:
-pass ``--rerun`` after them). ``--smoke`` executes with ``D2L_MULTI_SMOKE=1`` and its own
+pass ``--rerun`` after them). The notebooks' kernels share JAX's persistent compilation cache
+(``_build/jax_cache``; ``--rerun`` empties it too), so a program several notebooks compile alike
+is compiled once. ``--smoke`` executes with ``D2L_MULTI_SMOKE=1`` and its own
 cache; ``--no-execute`` shows the code without outputs. Warnings fail the build, and the book
 at ``--out`` is replaced only by a build that succeeded, and only if it holds nothing but the
 files an earlier build wrote (each build lists them in ``.d2l-book-files``).
@@ -58,7 +60,19 @@ def book_paths(root=ROOT):
     root = pathlib.Path(root)
     build = root / "_build"
     return {"conf": root / "book", "chapters": root / "chapters", "out": build / "html",
-            "cache_full": build / "jupyter_cache", "cache_smoke": build / "jupyter_cache_smoke"}
+            "cache_full": build / "jupyter_cache", "cache_smoke": build / "jupyter_cache_smoke",
+            "jax_cache": build / "jax_cache"}
+
+
+def compilation_cache_env(folder, environ=None):
+    """The environment variables that make every notebook kernel share JAX's persistent
+    compilation cache in ``folder`` (every program, however fast it compiles); a variable
+    already set in ``environ`` (default ``os.environ``) is left as it is."""
+    environ = os.environ if environ is None else environ
+    wanted = {"JAX_COMPILATION_CACHE_DIR": str(folder),
+              "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS": "0",
+              "JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES": "-1"}
+    return {name: value for name, value in wanted.items() if name not in environ}
 
 
 def stage_sources(root, dest):
@@ -148,6 +162,9 @@ def build_book(out=None, mode="full", root=ROOT, rerun=False, quiet=False):
     cache = paths["cache_smoke" if mode == "smoke" else "cache_full"]
     if rerun and cache.exists():
         shutil.rmtree(cache)
+    if rerun:  # every program compiled afresh too
+        shutil.rmtree(paths["jax_cache"], ignore_errors=True)
+    kernel_env = compilation_cache_env(paths["jax_cache"]) if mode != "off" else {}
     overrides = {"nb_execution_mode": "off" if mode == "off" else "cache",
                  "nb_execution_cache_path": str(cache), "d2l_book_mode": mode}
     shutil.rmtree(reports, ignore_errors=True)  # an earlier build's (check_replaceable)
@@ -160,6 +177,7 @@ def build_book(out=None, mode="full", root=ROOT, rerun=False, quiet=False):
             os.environ["D2L_MULTI_SMOKE"] = "1"
         else:
             os.environ.pop("D2L_MULTI_SMOKE", None)  # a full build must not run in smoke mode
+        os.environ.update(kernel_env)  # the kernels inherit it: one compilation cache for all
         started = time.time()
         shown = [(str(src / "chapters"), str(paths["chapters"])), (str(src), str(paths["conf"])),
                  (str(html / "reports"), str(reports)), (str(html), str(out))]
@@ -191,6 +209,8 @@ def build_book(out=None, mode="full", root=ROOT, rerun=False, quiet=False):
             os.environ.pop("D2L_MULTI_SMOKE", None)
         else:
             os.environ["D2L_MULTI_SMOKE"] = saved_env
+        for name in kernel_env:
+            os.environ.pop(name, None)
         shutil.rmtree(work, ignore_errors=True)
         if mode != "off" and cache.exists():
             forget_staged_notebooks(cache)
@@ -220,8 +240,9 @@ def parse_args(argv):
     parser.add_argument("--out", type=pathlib.Path, default=None,
                         help="output folder (default: _build/html in the repository)")
     parser.add_argument("--rerun", action="store_true",
-                        help="empty this mode's execution cache first, e.g. after changing "
-                             "d2l_multi (the cache only notices changes to the notebooks)")
+                        help="empty this mode's execution cache (and JAX's compilation cache) "
+                             "first, e.g. after changing d2l_multi (the cache only notices "
+                             "changes to the notebooks)")
     parser.add_argument("--quiet", "-q", action="store_true", help="print only warnings")
     return parser.parse_args(argv)
 

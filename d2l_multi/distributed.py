@@ -294,6 +294,7 @@ def initialize_distributed(heartbeat_timeout=None, collective_timeout=None):
         if settings:
             jax.config.update("jax_num_cpu_devices", settings["devices_per_process"])
             d2l.size_cpu_thread_pool(settings["devices_per_process"])  # see simulate_devices
+            d2l.set_cpu_compiler_flags()
         if jax.config.jax_cpu_collectives_implementation is None:
             jax.config.update("jax_cpu_collectives_implementation", "gloo")  # CPU collectives
     except RuntimeError:

@@ -26,6 +26,7 @@ def simulate_devices(n=8):
     try:
         jax.config.update("jax_num_cpu_devices", n)
         size_cpu_thread_pool(n)  # the backend has not started: its thread pool can be sized
+        set_cpu_compiler_flags()  # ... and XLA reads its flags when it starts
     except RuntimeError:
         have = len(jax.devices("cpu"))
         if have != n:
@@ -55,6 +56,37 @@ def size_cpu_thread_pool(n, environ=None):
     base = int(current) if current.strip().isdigit() else cores
     if base < 2 * n:
         env["PJRT_NPROC"] = str(2 * n)
+
+
+CPU_COMPILER_FLAGS = ("--xla_cpu_experimental_ynn_fusion_type=",)
+_FLAGGED_JAXLIB = ((0, 10), (0, 12))  # versions whose XLA has these flags (0.10.2 measured)
+
+
+def set_cpu_compiler_flags(environ=None, jaxlib_version=None):
+    """Add ``CPU_COMPILER_FLAGS`` to ``XLA_FLAGS``, so XLA:CPU computes convolutions itself.
+
+    By default XLA:CPU (jaxlib 0.10-0.11) hands convolutions, matrix products and some
+    elementwise and pooling fusions to the YNNPACK library; its kernel-gradient convolution
+    takes most of LeNet's step, several times XLA's own convolution. The flag turns YNNPACK
+    off. XLA reads ``XLA_FLAGS`` once, when its first backend starts; a flag already named
+    there is kept, and other jaxlib versions (which may not know it: an unknown flag stops the
+    process) are left alone. Returns the flags added.
+    """
+    env = os.environ if environ is None else environ
+    if jaxlib_version is None:
+        from importlib import metadata
+        jaxlib_version = metadata.version("jaxlib")
+    try:
+        version = tuple(int(part) for part in jaxlib_version.split(".")[:2])
+    except ValueError:  # e.g. a development build
+        return []
+    if not _FLAGGED_JAXLIB[0] <= version < _FLAGGED_JAXLIB[1]:
+        return []
+    current = env.get("XLA_FLAGS", "")
+    added = [flag for flag in CPU_COMPILER_FLAGS if flag.split("=")[0] not in current]
+    if added:
+        env["XLA_FLAGS"] = " ".join([current, *added]).strip()
+    return added
 
 
 def choose_devices(accelerators, cpus):

@@ -1,8 +1,9 @@
 """LeNet written by hand: parameters are a plain list of arrays, layers are ``lax`` calls.
 
 Images are NHWC (batch, height, width, channels) and kernels HWIO, the layout XLA prefers on
-CPU and GPU alike. ``conv2d`` computes the convolution the fastest way for the device: XLA's
-convolution on accelerators, one matrix product over shifted slices (im2col) on CPUs.
+CPU and GPU alike. ``conv2d`` is XLA's convolution; ``conv2d_im2col`` computes the same as one
+matrix product over shifted slices (im2col), the formulation the appendix A1_fast_lenet_on_cpu
+measures against it.
 """
 import jax
 import jax.numpy as jnp
@@ -13,40 +14,36 @@ import d2l_multi as d2l
 
 
 def init_lenet_params(key):
-    """LeNet's parameters [W1, b1, W2, b2, W3, b3, W4, b4], He-initialised, kernels HWIO."""
+    """LeNet's [W1, b1, W2, b2, W3, b3, W4, b4], He init, kernels HWIO."""
     k1, k2, k3, k4 = jax.random.split(key, 4)
     he = jax.nn.initializers.he_normal()
-    return [he(k1, (3, 3, 1, 20)), jnp.zeros(20),    # conv 3x3, 1 -> 20 channels
-            he(k2, (5, 5, 20, 50)), jnp.zeros(50),   # conv 5x5, 20 -> 50 channels
-            he(k3, (800, 128)), jnp.zeros(128),      # dense 50*4*4 -> 128
-            he(k4, (128, 10)), jnp.zeros(10)]        # dense 128 -> 10 classes
+    return [he(k1, (3, 3, 1, 20)), jnp.zeros(20),   # conv 3x3: 1 in, 20 out
+            he(k2, (5, 5, 20, 50)), jnp.zeros(50),  # conv 5x5: 20 in, 50 out
+            he(k3, (800, 128)), jnp.zeros(128),     # dense: 50*4*4 in, 128 out
+            he(k4, (128, 10)), jnp.zeros(10)]       # dense: 128 in, 10 classes
 
 
-def conv2d_xla(X, W, b):
-    """A 'valid' 2-D convolution of NHWC images with an HWIO kernel, plus a bias."""
+def conv2d(X, W, b):
+    """A 'valid' 2-D convolution of NHWC images with an HWIO kernel, plus b."""
     Y = lax.conv_general_dilated(X, W, window_strides=(1, 1), padding="VALID",
                                  dimension_numbers=("NHWC", "HWIO", "NHWC"))
     return Y + b
 
 
 def avg_pool2d(X, size=2):
-    """Average pooling over non-overlapping ``size x size`` windows of NHWC images."""
+    """Average pooling over non-overlapping ``size x size`` windows (NHWC)."""
     window = (1, size, size, 1)
-    return lax.reduce_window(X, 0.0, lax.add, window, window, "VALID") / (size * size)
+    sums = lax.reduce_window(X, 0.0, lax.add, window, window, "VALID")
+    return sums / (size * size)
 
 
 def conv2d_im2col(X, W, b):
-    """The same convolution as one matrix product over shifted slices (im2col)."""
+    """The same convolution as one matrix product of shifted slices (im2col)."""
     kh, kw, cin, cout = W.shape
     oh, ow = X.shape[1] - kh + 1, X.shape[2] - kw + 1
     patches = jnp.concatenate([X[:, i:i + oh, j:j + ow, :]
                                for i in range(kh) for j in range(kw)], axis=-1)
     return patches @ W.reshape(kh * kw * cin, cout) + b
-
-
-def conv2d(X, W, b):
-    """The same convolution, computed the fastest way for the platform it is compiled for."""
-    return lax.platform_dependent(X, W, b, cpu=conv2d_im2col, default=conv2d_xla)
 
 
 def lenet(params, X):
@@ -80,7 +77,7 @@ def num_correct(params, X, y):
 
 
 def evaluate_accuracy(params, data_iter):
-    """Accuracy of LeNet with ``params`` over the batches of ``data_iter``, on one device."""
+    """LeNet's accuracy with ``params`` over the batches of ``data_iter``."""
     metric = d2l.Accumulator(2)  # number correct, number of examples
     for X, y in data_iter:
         metric.add(num_correct(params, X, y), y.size)

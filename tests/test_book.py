@@ -173,6 +173,22 @@ def test_book_command_refuses_bad_options_and_foreign_folders(tmp_path, capsys):
     assert (tmp_path / "notes.txt").read_text() == "mine"
 
 
+def test_the_kernels_of_a_build_share_one_compilation_cache(tmp_path):
+    """A program compiled in one kernel is read from the cache in the next: with these
+    variables (set by build_book for the kernels it starts) JAX writes every program there."""
+    from d2l_multi.book import compilation_cache_env
+    env = compilation_cache_env(tmp_path / "jax_cache", {})
+    assert env["JAX_COMPILATION_CACHE_DIR"] == str(tmp_path / "jax_cache")
+    assert "JAX_COMPILATION_CACHE_DIR" not in compilation_cache_env(
+        tmp_path, {"JAX_COMPILATION_CACHE_DIR": "/theirs"})           # a reader's own stays
+    code = ("import jax, jax.numpy as jnp\n"
+            "print(float(jax.jit(lambda x: (x * 2).sum())(jnp.ones(3))))")
+    clean = {k: v for k, v in os.environ.items() if not k.startswith("JAX_")}
+    subprocess.run([sys.executable, "-c", code], env={**clean, **env}, check=True,
+                   capture_output=True)
+    assert any((tmp_path / "jax_cache").iterdir())
+
+
 def test_only_a_folder_holding_nothing_but_an_earlier_build_is_replaced(book, tmp_path,
                                                                          capsys):
     """A stray .buildinfo does not make a folder a book: the build refuses it and its files

@@ -32,18 +32,21 @@ def test_every_convolution_computes_the_same():
     X = jnp.asarray(batch(4)[0])
     W = jax.random.normal(jax.random.key(1), (3, 3, 1, 20))
     b = jnp.arange(20.0)
-    want = d2l.conv2d_xla(X, W, b)
+    want = jax.jit(d2l.conv2d)(X, W, b)
     np.testing.assert_allclose(d2l.conv2d_im2col(X, W, b), want, atol=1e-5)
-    np.testing.assert_allclose(jax.jit(d2l.conv2d)(X, W, b), want, atol=1e-5)
     grad = lambda conv: jax.grad(lambda W: conv(X, W, b).sum())(W)
-    np.testing.assert_allclose(grad(d2l.conv2d), grad(d2l.conv2d_xla), rtol=1e-5, atol=1e-4)
+    np.testing.assert_allclose(grad(d2l.conv2d_im2col), grad(d2l.conv2d), rtol=1e-5, atol=1e-4)
 
 
-def test_conv2d_picks_im2col_on_cpu():
-    """On CPU the compiled conv2d is a matrix product (im2col), not XLA's convolution."""
-    X, W, b = jnp.ones((2, 8, 8, 1)), jnp.ones((3, 3, 1, 4)), jnp.zeros(4)
-    cpu = jax.jit(d2l.conv2d).lower(X, W, b).compile().as_text()
-    assert "convolution(" not in cpu and "dot(" in cpu
+def test_lenets_convolutions_are_xlas_own_on_cpu():
+    """simulate_devices (conftest) turns YNNPACK off: XLA:CPU computes LeNet's convolutions and
+    their gradients itself, far faster than YNNPACK's kernel-gradient convolution."""
+    params = d2l.init_lenet_params(jax.random.key(0))
+    X, y = batch(8)
+    hlo = jax.jit(jax.grad(d2l.loss_fn)).lower(params, X, y).compile().as_text()
+    assert "convolution(" in hlo
+    if d2l.set_cpu_compiler_flags({"XLA_FLAGS": ""}):  # a jaxlib that knows the flag
+        assert "__ynn_fusion" not in hlo
 
 
 def test_ring_allreduce_equals_psum_pmap_and_shard_map():

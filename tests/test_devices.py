@@ -131,6 +131,33 @@ def test_the_cpu_thread_pool_gets_two_threads_per_device(env, cores_or_set, monk
     assert env.get("PJRT_NPROC") == cores_or_set
 
 
+@pytest.mark.parametrize("env,version,want", [
+    ({}, "0.10.2", "--xla_cpu_experimental_ynn_fusion_type="),
+    ({"XLA_FLAGS": "--xla_dump_to=/tmp/x"}, "0.11.0",
+     "--xla_dump_to=/tmp/x --xla_cpu_experimental_ynn_fusion_type="),
+    ({"XLA_FLAGS": "--xla_cpu_experimental_ynn_fusion_type=individual_dot"}, "0.10.2",
+     "--xla_cpu_experimental_ynn_fusion_type=individual_dot"),   # the user's own choice stays
+    ({}, "0.9.2", None), ({}, "0.12.0", None), ({}, "0.13.0.dev20270101", None),
+])
+def test_cpu_compiler_flags_are_added_for_the_jaxlib_versions_that_know_them(env, version, want):
+    d2l.set_cpu_compiler_flags(env, jaxlib_version=version)
+    assert env.get("XLA_FLAGS") == want
+
+
+def test_simulate_devices_turns_ynnpack_off_before_xla_starts():
+    """XLA:CPU (jaxlib 0.10) hands LeNet's convolutions to YNNPACK by default; simulate_devices
+    sets the flag that makes XLA compute them itself, which XLA reads when it starts."""
+    out = run_python(
+        "import os, d2l_multi as d2l\nd2l.simulate_devices(2)\n"
+        "import jax, jax.numpy as jnp\n"
+        "f = jax.jit(jax.grad(lambda W, X: d2l.conv2d(X, W, 0.0).sum()))\n"
+        "hlo = f.lower(jnp.ones((5, 5, 20, 50)), jnp.ones((8, 13, 13, 20))).compile().as_text()\n"
+        "print(os.environ.get('XLA_FLAGS'), '|', '__ynn_fusion' in hlo)")
+    flags, ynn = out.strip().splitlines()[-1].split(" | ")
+    if d2l.set_cpu_compiler_flags({}):  # a jaxlib that knows the flag
+        assert flags.endswith("--xla_cpu_experimental_ynn_fusion_type=") and ynn == "False"
+
+
 def test_a_plain_loop_of_queued_multi_device_steps_finishes():
     """XLA:CPU deadlocked once more than 32 multi-device steps were queued (its thread pool was
     too small for a blocked launch plus every device's execution); simulate_devices sizes it."""
