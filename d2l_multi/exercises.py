@@ -58,10 +58,15 @@ def _first_line(error):
     return line if len(line) <= 200 else line[:197] + "..."
 
 
+def _shown_name(fn, name):
+    """The name the student gave ``fn`` (``name`` if none; a lambda is "your function")."""
+    name = getattr(fn, "__name__", name)
+    return name if name.isidentifier() else "your function"
+
+
 def _call(fn, name, *args, **kwargs):
     """``fn(*args)``, or fail saying why: not written yet, an exception, no result."""
-    name = getattr(fn, "__name__", name)
-    name = name if name.isidentifier() else "your function"
+    name = _shown_name(fn, name)
     if fn is Ellipsis:
         _fail(f"`{name}` is still `...`: write the function")
     if not callable(fn):
@@ -344,11 +349,11 @@ def _per_device(fn, name, x, k):
     return np.asarray(out, np.float64), _primitives(traced.jaxpr.jaxpr)
 
 
-def _only_ppermute(prims, name):
+def _only_ppermute(prims, fn, name):
     used = sorted(prims & _COLLECTIVES)
     if used:
-        _fail(f"`{name}` uses {', '.join(used)}: write it with lax.ppermute alone (plus "
-              f"lax.axis_index and arithmetic)")
+        _fail(f"`{_shown_name(fn, name)}` uses {', '.join(used)}: write it with lax.ppermute "
+              f"alone (plus lax.axis_index and arithmetic)")
 
 
 @_exercise("02_allreduce")
@@ -398,7 +403,7 @@ def verify_reduce_scatter(reduce_scatter, hidden=False):
     for k, c in [(8, 2)] + ([(4, 3)] if hidden else []):
         x, bits = _ring_inputs(k, c)
         out, prims = _per_device(reduce_scatter, "reduce_scatter", x, k)
-        _only_ppermute(prims, "reduce_scatter")
+        _only_ppermute(prims, reduce_scatter, "reduce_scatter")
         if out.shape == (k, k * c):
             _fail(f"each device returned all {k} chunks ({k * c} values): return only chunk "
                   f"i's sum, {c} values")
@@ -430,7 +435,7 @@ def verify_all_gather(all_gather, hidden=False):
     for k, c in [(8, 2)] + ([(4, 3)] if hidden else []):
         x = (np.arange(k)[:, None] * 10 + np.arange(c)).astype(np.float32) + 1
         out, prims = _per_device(all_gather, "all_gather", x, k)
-        _only_ppermute(prims, "all_gather")
+        _only_ppermute(prims, all_gather, "all_gather")
         if out.shape != (k, k * c):
             _fail(f"each device returned shape {out.shape[1:]}: return the {k} chunks "
                   f"concatenated, shape ({k * c},)")
@@ -465,7 +470,7 @@ def verify_ring_allreduce(allreduce, hidden=False):
                 _fail(f"fails for an array of {n} values on {k} devices: when the length does "
                       f"not divide into k chunks, pad it ({e})")
             raise
-        _only_ppermute(prims, "allreduce")
+        _only_ppermute(prims, allreduce, "allreduce")
         if out.shape != (k, n):
             _fail(f"each device returned shape {out.shape[1:]}: return the sum, shaped like x "
                   f"({n},)")

@@ -73,6 +73,15 @@ def test_a_check_reports_an_exception_of_the_students_code_in_one_line():
         d2l.verify_ring_bytes(broken)
 
 
+def test_a_ring_check_names_the_students_function_as_they_named_it():
+    def ring_sum(x, axis_name):
+        from jax import lax
+        return lax.psum(x, axis_name)
+    with pytest.raises(d2l.CheckFailed, match=r"`ring_sum` uses psum: write it with "
+                                              r"lax\.ppermute alone"):
+        d2l.verify_ring_allreduce(ring_sum)
+
+
 def test_importing_the_checks_starts_no_backend():
     code = ("import sys, d2l_multi as d2l\nd2l.CHECKS\n"
             "from jax._src import xla_bridge\n"
