@@ -55,7 +55,8 @@ def validated(fn, check):
     """``fn`` behind its argument check: the returned function calls ``check(*args,
     **kwargs)``, then ``fn``. The chapter shows ``fn`` as it is (``inspect.unwrap`` returns it);
     the library's public name is the checked one, so bad input still gets a clear error. For a
-    class, the checked name is a subclass of the same name whose constructor checks first."""
+    class, the checked name is a subclass of the same name whose constructor checks first
+    (``__wrapped__`` is the shown class; ``inspect.unwrap`` stops at classes from Python 3.12)."""
     if isinstance(fn, type):
         return _validated_class(fn, check)
 

@@ -238,7 +238,8 @@ def test_nnx_batchnorm_resnet_sharded_equals_single_device(batches, mesh):
     for X, y in sorted_batches(batches):
         d2l.nnx_train_step(*single, X, y)
         d2l.nnx_train_step(*sharded, *d2l.shard_batch(X, y, mesh))
-    tol = dict(rtol=1e-4, atol=1e-5)  # BatchNorm divides by small variances
+    tol = dict(rtol=1e-4, atol=1e-4)  # BatchNorm divides by small variances; ReLU passes or
+    # blocks a gradient where an activation is within rounding of zero
     assert_trees_close(nnx.state(single[0], nnx.Param), nnx.state(sharded[0], nnx.Param), tol)
     assert_trees_close(nnx.state(single[0], nnx.BatchStat),
                        nnx.state(sharded[0], nnx.BatchStat), tol)
