@@ -909,35 +909,18 @@ def verify_keras_step(make_train_step, hidden=False):
     import keras
     from jax.sharding import NamedSharding, PartitionSpec as P
 
+    from .keras_models import keras_train_state, make_keras_train_step
+
     def build():
         keras.utils.set_random_seed(0)
         model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(5),
                                   keras.layers.BatchNormalization(), keras.layers.Dense(3)])
         optimizer = keras.optimizers.SGD(0.1)
-        optimizer.build(model.trainable_variables)
-        state = tuple([v.value for v in vs] for vs in (
-            model.trainable_variables, model.non_trainable_variables, optimizer.variables))
-        return model, optimizer, state
+        return model, optimizer, keras_train_state(model, optimizer)
 
     loss_fn = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
-
-    def reference(model, optimizer):
-        def compute_loss(trainable, non_trainable, X, y):
-            y_pred, non_trainable = model.stateless_call(trainable, non_trainable, X,
-                                                         training=True)
-            return loss_fn(y, y_pred), non_trainable
-
-        def train_step(state, X, y):
-            trainable, non_trainable, optimizer_variables = state
-            (loss, non_trainable), grads = jax.value_and_grad(compute_loss, has_aux=True)(
-                trainable, non_trainable, X, y)
-            trainable, optimizer_variables = optimizer.stateless_apply(
-                optimizer_variables, grads, trainable)
-            return loss, (trainable, non_trainable, optimizer_variables)
-        return train_step
-
     model, optimizer, initial = build()
-    one_device = jax.jit(reference(model, optimizer))
+    one_device = make_keras_train_step(model, loss_fn, optimizer)  # the library's, jitted
     step = _call(make_train_step, "make_train_step", model, loss_fn, optimizer)
     sharded = jax.jit(lambda s, X, y: _call(step, "train_step", s, X, y))
     mesh = _mesh((8,), ("data",))
