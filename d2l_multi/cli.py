@@ -7,6 +7,7 @@ import pathlib
 import secrets
 import sys
 import tempfile
+import time
 
 
 class OneLineParser(argparse.ArgumentParser):
@@ -149,7 +150,9 @@ def _plots(runs, out, machine):
 
 def train_main(argv):
     args = parser().parse_args(argv)
+    started = time.perf_counter()
     import d2l_multi as d2l
+    from .book import versions
     d2l.simulate_devices(args.cpu_devices)
     available = d2l.devices()
     counts = list(dict.fromkeys(len(available) if n == "all" else n for n in args.devices))
@@ -164,6 +167,7 @@ def train_main(argv):
         d2l.check_divisible(configs[-1][1], n)
     out = writable_dir(args.out)
     smoke = " [SMOKE RUN: not results]" if d2l.smoke() else ""
+    print(f"machine: {d2l.describe_machine()}\n{versions()}")
     print(f"LeNet on Fashion-MNIST, {args.epochs} epochs, {d2l.describe(available)} "
           f"available{smoke}")
     runs = []
@@ -189,8 +193,12 @@ def train_main(argv):
     else:
         machine = d2l.describe(available)
     _plots(runs, out, machine)
+    wall = time.perf_counter() - started
+    print(f"wall time {wall:.0f} s (the whole command: imports, data, compilation, "
+          f"training, evaluation)")
     text = json.dumps({"smoke": d2l.smoke(), "epochs": args.epochs, "machine": machine,
-                       "runs": runs}, indent=1)
+                       "cpu": d2l.describe_machine(), "versions": versions(),
+                       "wall_sec": wall, "runs": runs}, indent=1)
     results = save_atomic(out / "results.json", lambda tmp: pathlib.Path(tmp).write_text(text))
     print(f"plots: {out / 'accuracy.png'}, {out / 'sec_per_epoch.png'}; results: {results}")
     return 0

@@ -1,4 +1,5 @@
 """The chapter's core (notebooks 01-03): LeNet, allreduce, data-parallel SGD, train, CLI."""
+import json
 import os
 import subprocess
 import sys
@@ -193,6 +194,12 @@ def test_cli_train_smoke_writes_table_and_plots(tmp_path):
     assert result.returncode == 0, result.stderr
     assert "devices  batch     lr sec/epoch test acc" in result.stdout
     assert "8 cpu devices · epoch 1/1" in result.stderr  # the progress bar names the run
+    # what a recorded run needs: the machine, the versions and the whole command's time
+    lines = result.stdout.splitlines()
+    assert any(line.startswith("machine: ") for line in lines) and "python 3." in result.stdout
+    assert "wall time " in result.stdout
+    recorded = json.loads((tmp_path / "results.json").read_text())
+    assert recorded["wall_sec"] > 0 and recorded["versions"].startswith("python 3.")
     for name in ("accuracy.png", "sec_per_epoch.png", "results.json"):
         assert (tmp_path / name).stat().st_size > 100
     assert (tmp_path / "accuracy.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
