@@ -151,6 +151,27 @@ def chapter_pmap(n, X, y, batch):
     return params, run
 
 
+def chapter_no_allreduce(n, X, y, batch):
+    """The chapter's pmap step without its allreduce (``lax.pmean``): each device takes its own
+    SGD step. Not a data-parallel step; the difference to ``chapter_pmap`` is the allreduce."""
+    import jax
+    import d2l_multi as d2l
+
+    def device_step(params, X, y, lr):
+        loss, grads = jax.value_and_grad(d2l.loss_fn)(params, X, y)
+        return [p - lr * g for p, g in zip(params, grads)], loss
+    step = jax.pmap(device_step, axis_name="devices", in_axes=(0, 0, 0, None),
+                    devices=d2l.devices(n))
+    params = d2l.replicate(d2l.init_lenet_params(jax.random.key(0)), d2l.devices(n))
+    steps = len(X) // batch
+
+    def run(i, state):
+        i %= steps
+        return step(state, *d2l.split_batch(X[i * batch:(i + 1) * batch],
+                                            y[i * batch:(i + 1) * batch], n), 0.1)
+    return params, run
+
+
 def chapter_jit(n, X, y, batch):
     """jit + NamedSharding: params replicated, the epoch's batches put on the devices once."""
     import jax
@@ -277,6 +298,9 @@ def lenet_main(argv):
         formulations.pop(0)
     rows = [(name, f"{n} dev", _JaxRow(make, n, X, y, args.batch_size))
             for name, make in formulations for n in dict.fromkeys((1, args.devices))]
+    if args.devices > 1:  # what the allreduce adds to the chapter's step
+        rows.append((NO_ALLREDUCE, f"{args.devices} dev",
+                     _JaxRow(chapter_no_allreduce, args.devices, X, y, args.batch_size)))
     try:
         import torch
         torch.set_num_threads(torch_threads())
@@ -306,6 +330,9 @@ def lenet_main(argv):
     return 0
 
 
+NO_ALLREDUCE = "chapter d2l.train without its allreduce (not data parallel)"
+
+
 def lenet_ratios(results, n):
     """The comparisons the lenet table is for, as lines of text: ``results`` maps (formulation,
     devices) to (min, median) seconds per epoch."""
@@ -316,8 +343,8 @@ def lenet_ratios(results, n):
     lines = []
     if torch:
         best_torch = min(torch, key=lambda v: v[1])
-        best_n = min((v for (name, dev), v in results.items()
-                      if name.startswith("chapter") and dev == f"{n} dev"), key=lambda v: v[1])
+        best_n = min((v for (name, dev), v in results.items() if name.startswith("chapter")
+                      and name != NO_ALLREDUCE and dev == f"{n} dev"), key=lambda v: v[1])
         lines += [f"chapter d2l.train, 1 device / PyTorch eager (faster layout): "
                   f"{ratio(results[chapter, '1 dev'], best_torch)}",
                   f"chapter, best {n}-device row / PyTorch eager (faster layout): "
@@ -326,6 +353,10 @@ def lenet_ratios(results, n):
     if n > 1:
         lines.append(f"speed-up of chapter d2l.train over {first}, {n} devices: "
                      f"{ratio(results[first, f'{n} dev'], results[chapter, f'{n} dev'])}")
+    if (NO_ALLREDUCE, f"{n} dev") in results:
+        with_, without = results[chapter, f"{n} dev"], results[NO_ALLREDUCE, f"{n} dev"]
+        lines.append(f"the allreduce's share of chapter d2l.train's epoch on {n} devices: "
+                     f"{with_[1] - without[1]:.1f} s of {with_[1]:.1f} s (medians)")
     return lines
 
 

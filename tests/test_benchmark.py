@@ -77,6 +77,8 @@ def test_lenet_is_the_default_and_runs_in_smoke_mode():
     out = result.stdout
     assert "straightforward (d2l text): pmap, NCHW, host batches" in out
     assert "| chapter jit + NamedSharding, data on device | 2 dev |" in out
+    assert "| chapter d2l.train without its allreduce (not data parallel) | 2 dev |" in out
+    assert "the allreduce's share of chapter d2l.train's epoch on 2 devices:" in out
     assert ("| formulation | devices | ms/step (min) | CPU ms/step (min) | s/epoch (min) | "
             "s/epoch (median) |") in out
     assert "XLA_FLAGS:" in out and "round 1/1 done, load average" in out
@@ -151,6 +153,23 @@ def test_pytorch_baseline_uses_a_thread_per_core_and_channels_last_on_request():
         "chapter, best 8-device row / PyTorch eager (faster layout): 1.50 (median), 1.50 (min)",
         "speed-up of chapter d2l.train over straightforward (d2l text), 8 devices: "
         "2.00 (median), 2.00 (min)"]
+
+
+def test_the_allreduce_row_gives_its_share_and_is_never_the_best_row():
+    """The row without the allreduce is not a training step: the ratio lines use it only for
+    the allreduce's share, never as the chapter's best 8-device row."""
+    from d2l_multi.benchmark import NO_ALLREDUCE, lenet_ratios
+    chapter = "chapter d2l.train: pmap, NHWC, d2l.conv2d"
+    results = {("straightforward (d2l text)", "1 dev"): (40.0, 44.0),
+               ("straightforward (d2l text)", "8 dev"): (30.0, 33.0),
+               (chapter, "1 dev"): (20.0, 22.0), (chapter, "8 dev"): (15.0, 16.5),
+               (NO_ALLREDUCE, "8 dev"): (5.0, 6.5),
+               ("PyTorch eager, channels-last", "1 CPU"): (10.0, 11.0)}
+    lines = lenet_ratios(results, 8)
+    assert "chapter, best 8-device row / PyTorch eager (faster layout): 1.50 (median), " \
+           "1.50 (min)" in lines
+    assert lines[-1] == ("the allreduce's share of chapter d2l.train's epoch on 8 devices: "
+                         "10.0 s of 16.5 s (medians)")
 
 
 def test_models_times_lenet_and_resnet_on_one_device_of_each_kind():
