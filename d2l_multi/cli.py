@@ -65,8 +65,11 @@ def parser():
                    help="as d2l's concise section does, multiply the batch size and the learning "
                         "rate by the number of devices (default: the same global batch on every "
                         "device count, so runs differ only in how the work is split)")
-    p.add_argument("--cpu-devices", type=positive(int), default=8,
-                   help="CPU devices to simulate when there is no accelerator (default 8)")
+    p.add_argument("--cpu-devices", type=positive(int), default=None,
+                   help="CPU devices to simulate when there is no accelerator (default: the "
+                        "largest count in --devices if at most 8, else 8; XLA:CPU sizes its "
+                        "thread pool for them, so --devices 1 runs on a pool that fits the "
+                        "cores)")
     p.add_argument("--out", type=pathlib.Path, default=pathlib.Path("runs"),
                    help="folder for the PNG plots and results.json (default: runs/)")
     return p
@@ -153,6 +156,9 @@ def train_main(argv):
     started = time.perf_counter()
     import d2l_multi as d2l
     from .book import versions
+    if args.cpu_devices is None:
+        asked = [n for n in args.devices if n != "all"]
+        args.cpu_devices = max(asked) if "all" not in args.devices and max(asked) <= 8 else 8
     d2l.simulate_devices(args.cpu_devices)
     available = d2l.devices()
     counts = list(dict.fromkeys(len(available) if n == "all" else n for n in args.devices))

@@ -147,6 +147,13 @@ def run_cli(*args):
                           text=True, env=env, timeout=300)
 
 
+def test_cli_train_on_one_device_simulates_one_device(tmp_path):
+    """XLA:CPU sizes its thread pool for the simulated devices: a one-device run asks for one."""
+    result = run_cli("train", "--devices", "1", "--epochs", "1", "--out", str(tmp_path))
+    assert result.returncode == 0, result.stderr
+    assert "using 1 CPU devices" in result.stdout and "1 cpu device available" in result.stdout
+
+
 @pytest.mark.parametrize("args,message", [
     (["train", "--devices", "1,16"], "only 8 simulated CPU devices exist; pass --cpu-devices 16"),
     (["train", "--batch-size", "250"], "250 does not divide evenly over 8 devices"),
