@@ -193,9 +193,11 @@ def train_main(argv):
               f"{r['sec_per_epoch']:9.2f} {r['test_acc']:8.3f}")
     print("sec/epoch averages the epochs after the first, which includes compilation.")
     cores = os.cpu_count()
-    if available[0].platform == "cpu":
+    if available[0].platform == "cpu" and len(available) > 1:
         machine = f"{len(available)} simulated CPU devices sharing {cores} cores"
         print(f"The {machine}: the timings show overhead, not multi-device speedup.")
+    elif available[0].platform == "cpu":
+        machine = f"1 CPU device ({cores} cores)"
     else:
         machine = d2l.describe(available)
     _plots(runs, out, machine)

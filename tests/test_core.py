@@ -152,6 +152,7 @@ def test_cli_train_on_one_device_simulates_one_device(tmp_path):
     result = run_cli("train", "--devices", "1", "--epochs", "1", "--out", str(tmp_path))
     assert result.returncode == 0, result.stderr
     assert "using 1 CPU devices" in result.stdout and "1 cpu device available" in result.stdout
+    assert "simulated CPU devices sharing" not in result.stdout  # one device: no such remark
 
 
 @pytest.mark.parametrize("args,message", [
