@@ -106,6 +106,12 @@ def _lenet_nchw(params, X):
     return jax.nn.relu(h @ W3 + b3) @ W4 + b4
 
 
+def _nth_batch(X, y, i, batch):
+    """The ``i``-th batch of the epoch ``X, y`` (counting round the epoch again)."""
+    i %= len(X) // batch
+    return X[i * batch:(i + 1) * batch], y[i * batch:(i + 1) * batch]
+
+
 def straightforward(n, X, y, batch, compiler_options=None):
     """d2l's text in JAX: pmap step, NCHW, params stacked per device, host batches each step;
     compiled with ``compiler_options`` (e.g. ``xla_cpu_defaults()``)."""
@@ -117,7 +123,6 @@ def straightforward(n, X, y, batch, compiler_options=None):
     params = [p.transpose(3, 2, 0, 1) if p.ndim == 4 else p for p in params]  # HWIO -> OIHW
     params = d2l.replicate(params, d2l.devices(n))
     X = np.ascontiguousarray(X.transpose(0, 3, 1, 2))                        # NHWC -> NCHW
-    steps = len(X) // batch
 
     @functools.partial(jax.pmap, axis_name="d", in_axes=(0, 0, 0, None))
     def step(params, X, y, lr):
@@ -129,8 +134,7 @@ def straightforward(n, X, y, batch, compiler_options=None):
     compiled = []
 
     def run(i, state):
-        i %= steps
-        Xb, yb = d2l.split_batch(X[i * batch:(i + 1) * batch], y[i * batch:(i + 1) * batch], n)
+        Xb, yb = d2l.split_batch(*_nth_batch(X, y, i, batch), n)
         if not compiled:
             compiled.append(step.lower(state, Xb, yb, 0.1).compile(compiler_options or {}))
         return compiled[0](state, Xb, yb, 0.1)
@@ -142,12 +146,9 @@ def chapter_pmap(n, X, y, batch):
     import jax
     import d2l_multi as d2l
     params = d2l.replicate(d2l.init_lenet_params(jax.random.key(0)), d2l.devices(n))
-    steps = len(X) // batch
 
     def run(i, state):
-        i %= steps
-        return d2l.train_batch(state, X[i * batch:(i + 1) * batch],
-                               y[i * batch:(i + 1) * batch], n, 0.1)
+        return d2l.train_batch(state, *_nth_batch(X, y, i, batch), n, 0.1)
     return params, run
 
 
@@ -163,12 +164,9 @@ def chapter_no_allreduce(n, X, y, batch):
     step = jax.pmap(device_step, axis_name="devices", in_axes=(0, 0, 0, None),
                     devices=d2l.devices(n))
     params = d2l.replicate(d2l.init_lenet_params(jax.random.key(0)), d2l.devices(n))
-    steps = len(X) // batch
 
     def run(i, state):
-        i %= steps
-        return step(state, *d2l.split_batch(X[i * batch:(i + 1) * batch],
-                                            y[i * batch:(i + 1) * batch], n), 0.1)
+        return step(state, *d2l.split_batch(*_nth_batch(X, y, i, batch), n), 0.1)
     return params, run
 
 

@@ -156,9 +156,8 @@ def train_main(argv):
     started = time.perf_counter()
     import d2l_multi as d2l
     from .book import versions
-    if args.cpu_devices is None:
-        asked = [n for n in args.devices if n != "all"]
-        args.cpu_devices = max(asked) if "all" not in args.devices and max(asked) <= 8 else 8
+    if args.cpu_devices is None:  # the largest count asked for, at most 8
+        args.cpu_devices = 8 if "all" in args.devices else min(max(args.devices), 8)
     d2l.simulate_devices(args.cpu_devices)
     available = d2l.devices()
     counts = list(dict.fromkeys(len(available) if n == "all" else n for n in args.devices))
@@ -173,7 +172,8 @@ def train_main(argv):
         d2l.check_divisible(configs[-1][1], n)
     out = writable_dir(args.out)
     smoke = " [SMOKE RUN: not results]" if d2l.smoke() else ""
-    print(f"machine: {d2l.describe_machine()}\n{versions()}")
+    cpu, stack = d2l.describe_machine(), versions()  # printed now, saved with the results
+    print(f"machine: {cpu}\n{stack}")
     print(f"LeNet on Fashion-MNIST, {args.epochs} epochs, {d2l.describe(available)} "
           f"available{smoke}")
     runs = []
@@ -205,7 +205,7 @@ def train_main(argv):
     print(f"wall time {wall:.0f} s (the whole command: imports, data, compilation, "
           f"training, evaluation)")
     text = json.dumps({"smoke": d2l.smoke(), "epochs": args.epochs, "machine": machine,
-                       "cpu": d2l.describe_machine(), "versions": versions(),
+                       "cpu": cpu, "versions": stack,
                        "wall_sec": wall, "runs": runs}, indent=1)
     results = save_atomic(out / "results.json", lambda tmp: pathlib.Path(tmp).write_text(text))
     print(f"plots: {out / 'accuracy.png'}, {out / 'sec_per_epoch.png'}; results: {results}")
