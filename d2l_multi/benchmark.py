@@ -476,6 +476,14 @@ def profile_torch(row, steps):
     return parts
 
 
+def copy_cost(host, device):
+    """The host-to-device copy's cost, the difference of two step times in seconds; a
+    negative difference is the noise between the timings, and said so."""
+    copy = 1000 * (host - device)
+    return (f"{copy:.2f} ms" if copy >= 0 else
+            f"below the noise, the step with NumPy inputs {-copy:.2f} ms faster")
+
+
 def profile_main(argv):
     p = _Parser(prog="python -m d2l_multi benchmark profile",
                 description="LeNet's training step part by part on one core: JAX's profiler "
@@ -550,7 +558,7 @@ def profile_main(argv):
           " | ".join(f"{1000 * walls[n]:.1f}" for n in names) + " |")
     print(f"\nthe chapter's step on one core: {1000 * device:.1f} ms with the batch on the "
           f"device, {1000 * host:.1f} ms with NumPy inputs (the host-to-device copy: "
-          f"{1000 * (host - device):.2f} ms); {args.devices} steps of {share} images, one "
+          f"{copy_cost(host, device)}); {args.devices} steps of {share} images, one "
           f"device's share on {args.devices} devices: {1000 * shares:.1f} ms")
     return 0
 

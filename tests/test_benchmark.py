@@ -186,6 +186,13 @@ def test_an_allreduce_cheaper_than_the_noise_is_not_a_negative_share():
         "the allreduce's share of chapter d2l.train's epoch on 2 devices: below the noise "
         "(the row without it took 0.03 s longer; medians 10.9 and 11.0 s)")
 
+
+def test_a_copy_cheaper_than_the_noise_is_not_a_negative_time():
+    from d2l_multi.benchmark import copy_cost
+    assert copy_cost(0.0790, 0.0775) == "1.50 ms"
+    assert copy_cost(0.0765, 0.0780) == ("below the noise, the step with NumPy inputs 1.50 ms "
+                                         "faster")
+
 def test_models_times_lenet_and_resnet_on_one_device_of_each_kind():
     result = benchmark("models", "--width", "4", "--batch-size", "8", "--repeat", "2")
     assert result.returncode == 0, result.stderr
