@@ -55,6 +55,21 @@ def check_replaceable(folder):
                               f"folder, so pass --out a new or empty folder, or move them")
 
 
+def keep_widget_output_in_cells():
+    """Make nbclient leave ipywidgets' Output widgets to the kernel: what one captures (an
+    ``interact`` function's printout) stays an ordinary output of its cell.
+
+    nbclient mimics a browser's Output widget by sending the kernel a comm message on the
+    shell channel while it awaits the cell's ``execute_reply`` on that channel. pyzmq's
+    asyncio socket can then miss the reply's arrival (its notification is edge-triggered):
+    the reply stays unread and the cell waits out its timeout (nbclient 0.11, pyzmq 27; see
+    https://github.com/jupyter/nbclient/issues/312). Without the mimic the client sends
+    nothing while it waits. Applies to every NotebookClient of this process.
+    """
+    from nbclient import NotebookClient
+    NotebookClient.on_comm_open_jupyter_widget = lambda self, msg: None
+
+
 def book_paths(root=ROOT):
     """Return the book's sources, default output and jupyter-cache folders under ``root``."""
     root = pathlib.Path(root)
@@ -183,6 +198,7 @@ def build_book(out=None, mode="full", root=ROOT, rerun=False, quiet=False):
                  (str(html / "reports"), str(reports)), (str(html), str(out))]
         shown += [(os.path.relpath(a), os.path.relpath(b)) for a, b in shown]
         status = None if quiet else ShownPaths(sys.stdout, shown)
+        keep_widget_output_in_cells()  # MyST-NB runs the notebooks with nbclient, here
         try:
             with patch_docutils(src), docutils_namespace():
                 app = Sphinx(src, src, html, work / "doctrees", "html",

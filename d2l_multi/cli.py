@@ -196,6 +196,12 @@ def train_main(argv):
     if available[0].platform == "cpu" and len(available) > 1:
         machine = f"{len(available)} simulated CPU devices sharing {cores} cores"
         print(f"The {machine}: the timings show overhead, not multi-device speedup.")
+        fewest = min(counts)
+        if fewest < len(available):
+            print(f"The runs on fewer devices share the thread pool XLA:CPU sizes for "
+                  f"{len(available)}, which slows their steps; for the time of {fewest} "
+                  f"device{'s' * (fewest > 1)} in a process of its own, run `python -m "
+                  f"d2l_multi train --devices {fewest}`.")
     elif available[0].platform == "cpu":
         machine = f"1 CPU device ({cores} cores)"
     else:

@@ -206,6 +206,9 @@ def test_cli_train_smoke_writes_table_and_plots(tmp_path):
     lines = result.stdout.splitlines()
     assert any(line.startswith("machine: ") for line in lines) and "python 3." in result.stdout
     assert "wall time " in result.stdout
+    # the one-device run shares the 8-device process's thread pool, and the output says so
+    assert "for the time of 1 device in a process of its own, run `python -m d2l_multi " \
+           "train --devices 1`." in result.stdout
     recorded = json.loads((tmp_path / "results.json").read_text())
     assert recorded["wall_sec"] > 0 and recorded["versions"].startswith("python 3.")
     for name in ("accuracy.png", "sec_per_epoch.png", "results.json"):

@@ -1,5 +1,7 @@
 """A notebook whose kernel loses a request or a reply fails at once, with a message that says
-which, instead of waiting out the cell timeout (tests/kernel_watchdog.py)."""
+which, instead of waiting out the cell timeout (tests/kernel_watchdog.py); and the client
+sends nothing on the shell channel while it waits for a reply there, which is how replies got
+lost (``d2l_multi.book.keep_widget_output_in_cells``)."""
 import time
 
 import nbformat
@@ -32,10 +34,12 @@ def run(*cells, timeout=600):
     nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3",
                                  "language": "python"}
     start = time.monotonic()
+    client = NotebookClient(nb, timeout=timeout, kernel_name="python3")
     try:
-        NotebookClient(nb, timeout=timeout, kernel_name="python3").execute()
+        client.execute()
     finally:
         run.seconds = time.monotonic() - start
+    return nb, client
 
 
 @pytest.fixture
@@ -58,3 +62,15 @@ def test_a_lost_reply_fails_the_cell_at_once(short_graces):
 
 def test_a_slow_cell_is_left_to_the_cell_timeout(short_graces):
     run("import time\ntime.sleep(8)\nprint('done')")  # busy for longer than the graces
+
+
+def test_widget_output_stays_in_the_cell_and_the_client_sends_nothing_while_waiting():
+    """nbclient mimics a browser's Output widget by messaging the kernel on the shell channel
+    while it awaits the cell's reply there; pyzmq could then miss the reply's arrival and the
+    cell hung. The test session, like the book build, turns the mimic off: no widget object
+    on the client's side, and ``interact``'s printout is an ordinary output of its cell."""
+    nb, client = run("from ipywidgets import interact\n"
+                     "interact(lambda n: print(f'n is {n}'), n=(1, 9));")
+    assert client.comm_objects == {}
+    printed = [o.get("text", "") for o in nb.cells[0].outputs if o.output_type == "stream"]
+    assert "n is 5\n" in printed
