@@ -172,7 +172,6 @@ def test_the_allreduce_row_gives_its_share_and_is_never_the_best_row():
                          "10.0 s of 16.5 s (medians)")
 
 
-
 def test_an_allreduce_cheaper_than_the_noise_is_not_a_negative_share():
     """When the row without the allreduce is the slower one (the allreduce costs less than
     the rows move between rounds), the line says so instead of printing "-0.0 s"."""
@@ -192,6 +191,7 @@ def test_a_copy_cheaper_than_the_noise_is_not_a_negative_time():
     assert copy_cost(0.0790, 0.0775) == "1.50 ms"
     assert copy_cost(0.0765, 0.0780) == ("below the noise, the step with NumPy inputs 1.50 ms "
                                          "faster")
+
 
 def test_models_times_lenet_and_resnet_on_one_device_of_each_kind():
     result = benchmark("models", "--width", "4", "--batch-size", "8", "--repeat", "2")
