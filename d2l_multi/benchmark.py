@@ -161,9 +161,10 @@ def chapter_no_allreduce(n, X, y, batch):
     def device_step(params, X, y, lr):
         loss, grads = jax.value_and_grad(d2l.loss_fn)(params, X, y)
         return [p - lr * g for p, g in zip(params, grads)], loss
+    devices = d2l.devices(n)
     step = jax.pmap(device_step, axis_name="devices", in_axes=(0, 0, 0, None),
-                    devices=d2l.devices(n))
-    params = d2l.replicate(d2l.init_lenet_params(jax.random.key(0)), d2l.devices(n))
+                    devices=devices)
+    params = d2l.replicate(d2l.init_lenet_params(jax.random.key(0)), devices)
 
     def run(i, state):
         return step(state, *d2l.split_batch(*_nth_batch(X, y, i, batch), n), 0.1)
