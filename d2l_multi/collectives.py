@@ -37,7 +37,7 @@ def check_replicate(params, devices):
 
 def unreplicate(params):
     """Take the copy held by the first device (all copies are equal)."""
-    return jax.tree.map(lambda a: a[0], params)
+    return jax.tree.map(lambda a: a.addressable_shards[0].data[0], params)
 
 
 def ring_allreduce(x, axis_name):

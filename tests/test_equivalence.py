@@ -72,6 +72,16 @@ def test_pmap_step_equals_single_device(lenet_params, batches, single_device):
     assert_trees_close(d2l.unreplicate(params), single_device)
 
 
+def test_unreplicate_leaves_one_copy_on_the_first_device(lenet_params, batches):
+    # a[0] would leave each leaf replicated on every device, and an evaluation with it would
+    # run on all of them
+    devices = d2l.devices(NUM_DEVICES)
+    params, _ = d2l.train_batch(d2l.replicate(lenet_params, devices), *batches[0],
+                                NUM_DEVICES, LR)
+    for leaf, want in zip(d2l.unreplicate(params), lenet_params):
+        assert leaf.devices() == {devices[0]} and leaf.shape == want.shape
+
+
 def test_jit_sharding_step_equals_single_device(lenet_params, batches, single_device, mesh):
     optimizer = optax.sgd(LR)
     step = d2l.make_train_step(optimizer)
