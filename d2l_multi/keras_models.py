@@ -52,8 +52,10 @@ def make_keras_train_step(model, loss_fn, optimizer):
 
 
 def keras_assign_state(model, optimizer, state):
-    """Write a train state back into the Keras model and optimizer (a copy)."""
+    """Write a train state back into the Keras model and optimizer: a copy,
+    on one device."""
     variables = (model.trainable_variables + model.non_trainable_variables
                  + optimizer.variables)
+    device = jax.devices()[0]
     for variable, value in zip(variables, jax.tree.leaves(state)):
-        variable.assign(jax.device_put(value, may_alias=False))  # a copy
+        variable.assign(jax.device_put(value, device, may_alias=False))

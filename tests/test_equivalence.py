@@ -304,3 +304,5 @@ def test_keras_data_parallel_step_equals_single_device(batches, mesh):
     np.testing.assert_array_equal(np.asarray(model.trainable_variables[0].value),
                                   np.asarray(parallel[0][0]))
     assert model.trainable_variables[0].value is not parallel[0][0]
+    # ... on one device: replicated variables would make evaluate run on all 8
+    assert all(v.value.devices() == {jax.devices()[0]} for v in model.variables)
