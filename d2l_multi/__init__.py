@@ -17,7 +17,7 @@ __version__ = "0.1.0"
 _MODULES = {  # module: the public names it holds, in the chapter's order
     "smoke_switch": ["SMOKE_ENV", "pick", "shrink", "smoke"],
     "hardware": ["choose_devices", "describe", "describe_machine", "device_mesh", "devices",
-                 "num_gpus", "set_cpu_compiler_flags", "simulate_devices", "size_cpu_thread_pool",
+                 "cpu_threads", "num_gpus", "set_cpu_compiler_flags", "simulate_devices", "size_cpu_thread_pool",
                  "try_all_gpus", "try_gpu"],
     "utils": ["Accumulator", "Timer", "check_positive", "max_difference", "time_call",
               "validated"],

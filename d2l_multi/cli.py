@@ -5,6 +5,7 @@ import math
 import os
 import pathlib
 import secrets
+import subprocess
 import sys
 import tempfile
 import time
@@ -66,10 +67,11 @@ def parser():
                         "rate by the number of devices (default: the same global batch on every "
                         "device count, so runs differ only in how the work is split)")
     p.add_argument("--cpu-devices", type=positive(int), default=None,
-                   help="CPU devices to simulate when there is no accelerator (default: the "
-                        "largest count in --devices if at most 8, else 8; XLA:CPU sizes its "
-                        "thread pool for them, so --devices 1 runs on a pool that fits the "
-                        "cores)")
+                   help="CPU devices to simulate when there is no accelerator, every run "
+                        "in this one process (default: the largest count in --devices if at "
+                        "most 8, else 8, and each smaller count trains in a process of its own "
+                        "that simulates only its devices: XLA:CPU sizes one thread pool for "
+                        "all the simulated devices, which slows a run on fewer of them)")
     p.add_argument("--out", type=pathlib.Path, default=pathlib.Path("runs"),
                    help="folder for the PNG plots and results.json (default: runs/)")
     return p
@@ -151,12 +153,70 @@ def _plots(runs, out, machine):
     plt.close("all")
 
 
+def _record(n, batch, lr, history, platform):
+    """A run's row of results.json; sec/epoch averages the epochs after the first."""
+    later = [h["sec"] for h in history[1:]] or [history[0]["sec"]]
+    return {"devices": n, "batch_size": batch, "lr": lr, "history": history,
+            "sec_per_epoch": sum(later) / len(later), "test_acc": history[-1]["test_acc"],
+            "platform": platform}
+
+
+def _run_here(d2l, n, batch, lr, epochs):
+    """Train on ``n`` of this process's devices."""
+    data = _Progress(d2l.FashionMNIST(batch), d2l.describe(d2l.devices(n)), epochs)
+    _, history, animator = d2l.train(n, batch, lr, epochs, data)
+    import matplotlib.pyplot as plt
+    plt.close(animator.fig)
+    return _record(n, batch, lr, history, d2l.describe(d2l.devices(n)))
+
+
+def _run_apart(n, batch, lr, epochs, limit, environ):
+    """Train on ``n`` simulated CPU devices in a Python process of its own (this command with
+    ``--cpu-devices n``, in ``environ``: the environment before this process simulated its
+    devices, which sized its thread pool), waiting at most ``limit`` seconds; its progress bar
+    shows here."""
+    from .launch import Watchdog, describe_exit, stop_workers
+    who = f"the {n}-device run in a process of its own"
+    with tempfile.TemporaryDirectory(prefix="d2l_multi-train-") as tmp:
+        command = [sys.executable, "-m", "d2l_multi", "train", "--devices", str(n),
+                   "--cpu-devices", str(n), "--epochs", str(epochs), "--batch-size",
+                   str(batch), "--lr", repr(lr), "--out", tmp]
+        with open(os.path.join(tmp, "output.txt"), "w+") as output:
+            watchdog = Watchdog()  # kills the run if this process dies first
+            try:  # its own session: Ctrl-C reaches this process, which stops the run
+                proc = subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=output,
+                                        env={**environ, "JAX_PLATFORMS": "cpu"},
+                                        start_new_session=True)
+            except BaseException:
+                watchdog.close(release=True)
+                raise
+            watchdog.watch(proc.pid)
+            try:
+                proc.wait(timeout=limit)
+            except subprocess.TimeoutExpired:
+                raise ChildProcessError(f"{who} (pid {proc.pid}) did not finish within "
+                                        f"{limit:.0f} s; it was stopped") from None
+            finally:
+                if proc.poll() is None:  # interrupted or too slow
+                    stop_workers([proc], grace_period=5)
+                watchdog.close(release=proc.poll() is not None)
+            output.seek(0)
+            printed = output.read().splitlines()
+        if proc.returncode != 0:
+            raise ChildProcessError(f"{who} ended with {describe_exit(proc.returncode)} (its "
+                                    f"messages are above)")
+        run = json.loads(pathlib.Path(tmp, "results.json").read_text())["runs"][0]
+    print(*[line for line in printed if line.startswith("test acc: ")], sep="\n")
+    return {**run, "process_devices": n}
+
+
 def train_main(argv):
     args = parser().parse_args(argv)
     started = time.perf_counter()
     import d2l_multi as d2l
     from .book import versions
-    if args.cpu_devices is None:  # the largest count asked for, at most 8
+    pinned, environ = args.cpu_devices is not None, dict(os.environ)
+    if not pinned:  # the largest count asked for, at most 8
         args.cpu_devices = 8 if "all" in args.devices else min(max(args.devices), 8)
     d2l.simulate_devices(args.cpu_devices)
     available = d2l.devices()
@@ -176,17 +236,25 @@ def train_main(argv):
     print(f"machine: {cpu}\n{stack}")
     print(f"LeNet on Fashion-MNIST, {args.epochs} epochs, {d2l.describe(available)} "
           f"available{smoke}")
-    runs = []
-    for n, batch, lr in configs:
-        data = _Progress(d2l.FashionMNIST(batch), d2l.describe(d2l.devices(n)), args.epochs)
-        _, history, animator = d2l.train(n, batch, lr, args.epochs, data)
-        import matplotlib.pyplot as plt
-        plt.close(animator.fig)
-        later = [h["sec"] for h in history[1:]] or [history[0]["sec"]]
-        runs.append({"devices": n, "batch_size": batch, "lr": lr, "history": history,
-                     "sec_per_epoch": sum(later) / len(later),
-                     "test_acc": history[-1]["test_acc"],
-                     "platform": d2l.describe(d2l.devices(n))})
+    # On simulated CPU devices XLA sizes one thread pool for all of them, which slows a run
+    # on fewer devices: unless --cpu-devices asks for that pool, such a run gets a process of
+    # its own that simulates just its devices. The largest count runs here, first, and bounds
+    # the wait for the others.
+    apart = {n for n, _, _ in configs if available[0].platform == "cpu" and not pinned
+             and n < len(available)}
+    runs, here_sec = {}, None
+    for n, batch, lr in sorted(configs, key=lambda c: c[0] in apart):
+        if n in apart:
+            runs[n] = _run_apart(n, batch, lr, args.epochs, 600 + 10 * (here_sec or 0),
+                                 environ)
+            continue
+        started_run = time.perf_counter()
+        runs[n] = {**_run_here(d2l, n, batch, lr, args.epochs),
+                   "process_devices": len(available),
+                   "cpu_threads": max(d2l.cpu_threads(), len(available))
+                   if available[0].platform == "cpu" else None}
+        here_sec = time.perf_counter() - started_run
+    runs = [runs[n] for n, _, _ in configs]
     print(f"\n{'devices':>7} {'batch':>6} {'lr':>6} {'sec/epoch':>9} {'test acc':>8}")
     for r in runs:
         print(f"{r['devices']:7d} {r['batch_size']:6d} {r['lr']:6.2f} "
@@ -197,7 +265,10 @@ def train_main(argv):
         machine = f"{len(available)} simulated CPU devices sharing {cores} cores"
         print(f"The {machine}: the timings show overhead, not multi-device speedup.")
         fewest = min(counts)
-        if fewest < len(available):
+        if not pinned and fewest < len(available):
+            print("The runs on fewer devices ran in processes of their own, each simulating "
+                  "only its devices.")
+        elif fewest < len(available):
             print(f"The runs on fewer devices share the thread pool XLA:CPU sizes for "
                   f"{len(available)}, which slows their steps; for the time of {fewest} "
                   f"device{'s' * (fewest > 1)} in a process of its own, run `python -m "

@@ -48,14 +48,21 @@ def size_cpu_thread_pool(n, environ=None):
     reads ``PJRT_NPROC`` when the CPU backend starts; a larger value already set is kept.
     """
     env = os.environ if environ is None else environ
-    current = env.get("PJRT_NPROC") or env.get("NPROC") or ""
-    try:
-        cores = len(os.sched_getaffinity(0))
-    except AttributeError:  # macOS, Windows
-        cores = os.cpu_count() or 1
-    base = int(current) if current.strip().isdigit() else cores
-    if base < 2 * n:
+    if cpu_threads(env) < 2 * n:
         env["PJRT_NPROC"] = str(2 * n)
+
+
+def cpu_threads(environ=None):
+    """The threads XLA:CPU's pool starts with: ``PJRT_NPROC`` (or ``NPROC``), else the cores
+    this process may use; the pool holds at least one thread per simulated device."""
+    env = os.environ if environ is None else environ
+    current = env.get("PJRT_NPROC") or env.get("NPROC") or ""
+    if current.strip().isdigit():
+        return int(current)
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # macOS, Windows
+        return os.cpu_count() or 1
 
 
 CPU_COMPILER_FLAGS = ("--xla_cpu_experimental_ynn_fusion_type=",)

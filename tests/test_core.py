@@ -197,7 +197,34 @@ def test_cli_missing_data_prints_the_three_ways_without_a_traceback(tmp_path):
     assert "Traceback" not in result.stderr
 
 
-def test_cli_train_smoke_writes_table_and_plots(tmp_path):
+def test_cli_train_with_cpu_devices_trains_every_count_in_one_process(tmp_path):
+    result = run_cli("train", "--devices", "1,2", "--cpu-devices", "2", "--epochs", "1",
+                     "--out", str(tmp_path))
+    assert result.returncode == 0, result.stderr
+    recorded = json.loads((tmp_path / "results.json").read_text())
+    assert [(r["devices"], r["process_devices"]) for r in recorded["runs"]] == [(1, 2), (2, 2)]
+    # the one-device run shares the 2-device process's thread pool, and the output says so
+    assert "for the time of 1 device in a process of its own, run `python -m d2l_multi " \
+           "train --devices 1`." in result.stdout
+
+
+def test_a_run_apart_that_fails_or_overruns_is_named_and_leaves_no_process(monkeypatch):
+    from d2l_multi import cli
+    monkeypatch.setenv("D2L_MULTI_SMOKE", "1")
+    with pytest.raises(ChildProcessError, match=r"the 1-device run in a process of its own "
+                       r"ended with exit code 2 \(its messages are above\)"):
+        cli._run_apart(1, 256, 0.1, 0, 300, dict(os.environ))  # 0 epochs: the child refuses them
+    with pytest.raises(ChildProcessError) as failed:
+        cli._run_apart(1, 256, 0.1, 1, 0.5, dict(os.environ))
+    message = str(failed.value)
+    assert "did not finish within 0 s; it was stopped" in message
+    pid = int(message.split("(pid ")[1].split(")")[0])
+    with pytest.raises(ProcessLookupError):
+        os.kill(pid, 0)
+
+
+def test_cli_train_smoke_writes_table_and_plots(tmp_path, monkeypatch):
+    monkeypatch.delenv("PJRT_NPROC", raising=False)  # as in a reader's shell
     result = run_cli("train", "--devices", "1,8", "--epochs", "1", "--out", str(tmp_path))
     assert result.returncode == 0, result.stderr
     assert "devices  batch     lr sec/epoch test acc" in result.stdout
@@ -206,10 +233,16 @@ def test_cli_train_smoke_writes_table_and_plots(tmp_path):
     lines = result.stdout.splitlines()
     assert any(line.startswith("machine: ") for line in lines) and "python 3." in result.stdout
     assert "wall time " in result.stdout
-    # the one-device run shares the 8-device process's thread pool, and the output says so
-    assert "for the time of 1 device in a process of its own, run `python -m d2l_multi " \
-           "train --devices 1`." in result.stdout
+    # the one-device run trains in a process simulating one device, and the output says so
+    assert "ran in processes of their own, each simulating only its devices" in result.stdout
+    assert result.stdout.count("test acc: ") == 2
     recorded = json.loads((tmp_path / "results.json").read_text())
+    assert [(r["devices"], r["process_devices"]) for r in recorded["runs"]] == [(1, 1), (8, 8)]
+    # each with XLA:CPU's pool sized for its own devices (at least 2 threads per device)
+    cores = len(os.sched_getaffinity(0))
+    assert [r["cpu_threads"] for r in recorded["runs"]] == [max(cores, 2), max(cores, 16)]
+    assert sorted(p.name for p in tmp_path.iterdir()) == [
+        "accuracy.png", "results.json", "sec_per_epoch.png"]
     assert recorded["wall_sec"] > 0 and recorded["versions"].startswith("python 3.")
     for name in ("accuracy.png", "sec_per_epoch.png", "results.json"):
         assert (tmp_path / name).stat().st_size > 100
