@@ -153,60 +153,66 @@ def _plots(runs, out, machine):
     plt.close("all")
 
 
-def _record(n, batch, lr, history, platform):
-    """A run's row of results.json; sec/epoch averages the epochs after the first."""
-    later = [h["sec"] for h in history[1:]] or [history[0]["sec"]]
-    return {"devices": n, "batch_size": batch, "lr": lr, "history": history,
-            "sec_per_epoch": sum(later) / len(later), "test_acc": history[-1]["test_acc"],
-            "platform": platform}
-
-
 def _run_here(d2l, n, batch, lr, epochs):
-    """Train on ``n`` of this process's devices."""
-    data = _Progress(d2l.FashionMNIST(batch), d2l.describe(d2l.devices(n)), epochs)
+    """Train on ``n`` of this process's devices; return the run's row of results.json."""
+    platform = d2l.describe(d2l.devices(n))
+    data = _Progress(d2l.FashionMNIST(batch), platform, epochs)
     _, history, animator = d2l.train(n, batch, lr, epochs, data)
     import matplotlib.pyplot as plt
     plt.close(animator.fig)
-    return _record(n, batch, lr, history, d2l.describe(d2l.devices(n)))
+    later = [h["sec"] for h in history[1:]] or [history[0]["sec"]]  # after compilation
+    return {"devices": n, "batch_size": batch, "lr": lr, "history": history,
+            "sec_per_epoch": sum(later) / len(later), "test_acc": history[-1]["test_acc"],
+            "platform": platform}
 
 
 def _run_apart(n, batch, lr, epochs, limit, environ):
     """Train on ``n`` simulated CPU devices in a Python process of its own (this command with
     ``--cpu-devices n``, in ``environ``: the environment before this process simulated its
     devices, which sized its thread pool), waiting at most ``limit`` seconds; its progress bar
-    shows here."""
-    from .launch import Watchdog, describe_exit, stop_workers
+    shows here. Ctrl-C, SIGTERM or SIGHUP stop it; so does this process's death."""
+    from .launch import Watchdog, _Signals, describe_exit, stop_workers
     who = f"the {n}-device run in a process of its own"
-    with tempfile.TemporaryDirectory(prefix="d2l_multi-train-") as tmp:
-        command = [sys.executable, "-m", "d2l_multi", "train", "--devices", str(n),
-                   "--cpu-devices", str(n), "--epochs", str(epochs), "--batch-size",
-                   str(batch), "--lr", repr(lr), "--out", tmp]
-        with open(os.path.join(tmp, "output.txt"), "w+") as output:
-            watchdog = Watchdog()  # kills the run if this process dies first
-            try:  # its own session: Ctrl-C reaches this process, which stops the run
-                proc = subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=output,
-                                        env={**environ, "JAX_PLATFORMS": "cpu"},
-                                        start_new_session=True)
-            except BaseException:
-                watchdog.close(release=True)
-                raise
+    sys.stdout.flush()  # this process's lines first
+    with tempfile.TemporaryDirectory(prefix="d2l_multi-train-") as tmp, \
+            open(os.path.join(tmp, "output.txt"), "w+") as output, _Signals() as signals:
+        watchdog = Watchdog()  # kills the run if this process dies first
+        proc = overran = None
+        try:
+            proc = subprocess.Popen(
+                [sys.executable, "-m", "d2l_multi", "train", "--devices", str(n),
+                 "--cpu-devices", str(n), "--epochs", str(epochs), "--batch-size",
+                 str(batch), "--lr", repr(lr), "--out", tmp],
+                stdin=subprocess.DEVNULL, stdout=output, start_new_session=True,
+                env={**environ, "JAX_PLATFORMS": "cpu"})  # signals: recorded, below
             watchdog.watch(proc.pid)
-            try:
-                proc.wait(timeout=limit)
-            except subprocess.TimeoutExpired:
-                raise ChildProcessError(f"{who} (pid {proc.pid}) did not finish within "
-                                        f"{limit:.0f} s; it was stopped") from None
-            finally:
-                if proc.poll() is None:  # interrupted or too slow
-                    stop_workers([proc], grace_period=5)
-                watchdog.close(release=proc.poll() is not None)
-            output.seek(0)
-            printed = output.read().splitlines()
+            deadline = time.monotonic() + limit
+            while proc.poll() is None and not signals.received \
+                    and time.monotonic() < deadline:
+                try:
+                    proc.wait(timeout=0.2)
+                except subprocess.TimeoutExpired:
+                    pass
+        finally:
+            if proc is not None and proc.poll() is None:  # stopped, or too slow
+                overran = not signals.received
+                stop_workers([proc], grace_period=5)
+            watchdog.close(release=proc is None or proc.poll() is not None)
+        if signals.received:
+            raise KeyboardInterrupt
+        if overran:
+            raise ChildProcessError(
+                f"{who} (pid {proc.pid}) did not finish within {limit:.0f} s and was "
+                f"stopped; pass --cpu-devices to train every count in one process")
         if proc.returncode != 0:
-            raise ChildProcessError(f"{who} ended with {describe_exit(proc.returncode)} (its "
-                                    f"messages are above)")
+            raise ChildProcessError(
+                f"{who} failed ({describe_exit(proc.returncode)})"
+                + ("; its messages are above" if proc.returncode > 0 else ""))
         run = json.loads(pathlib.Path(tmp, "results.json").read_text())["runs"][0]
-    print(*[line for line in printed if line.startswith("test acc: ")], sep="\n")
+        output.seek(0)
+        for line in output.read().splitlines():
+            if line.startswith("test acc: "):
+                print(line)
     return {**run, "process_devices": n}
 
 

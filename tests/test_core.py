@@ -1,8 +1,11 @@
 """The chapter's core (notebooks 01-03): LeNet, allreduce, data-parallel SGD, train, CLI."""
 import json
 import os
+import pathlib
+import signal
 import subprocess
 import sys
+import time
 
 import jax
 import jax.numpy as jnp
@@ -212,19 +215,64 @@ def test_a_run_apart_that_fails_or_overruns_is_named_and_leaves_no_process(monke
     from d2l_multi import cli
     monkeypatch.setenv("D2L_MULTI_SMOKE", "1")
     with pytest.raises(ChildProcessError, match=r"the 1-device run in a process of its own "
-                       r"ended with exit code 2 \(its messages are above\)"):
+                       r"failed \(exit code 2\); its messages are above"):
         cli._run_apart(1, 256, 0.1, 0, 300, dict(os.environ))  # 0 epochs: the child refuses them
     with pytest.raises(ChildProcessError) as failed:
-        cli._run_apart(1, 256, 0.1, 1, 0.5, dict(os.environ))
+        cli._run_apart(1, 256, 0.1, 1, 2, dict(os.environ))
     message = str(failed.value)
-    assert "did not finish within 0 s; it was stopped" in message
+    assert "did not finish within 2 s and was stopped; pass --cpu-devices" in message
     pid = int(message.split("(pid ")[1].split(")")[0])
     with pytest.raises(ProcessLookupError):
         os.kill(pid, 0)
 
 
+def _children(pid):
+    """The process ids whose parent is ``pid``, read from /proc."""
+    found = []
+    for entry in pathlib.Path("/proc").iterdir():
+        try:
+            if entry.name.isdigit() and int((entry / "stat").read_text().rsplit(")", 1)[1]
+                                            .split()[1]) == pid:
+                found.append(int(entry.name))
+        except (OSError, IndexError, ValueError):
+            pass
+    return found
+
+
+@pytest.mark.skipif(not pathlib.Path("/proc/self/stat").exists(), reason="needs Linux /proc")
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
+def test_stopping_train_stops_its_run_apart_and_removes_its_folder(tmp_path, sig):
+    env = dict(os.environ, D2L_MULTI_SMOKE="1", TMPDIR=str(tmp_path))
+    code = ("import os, sys\nfrom d2l_multi import cli, __main__ as m\n"
+            "sys.exit(m.run('train', lambda argv: cli._run_apart(1, 256, 0.1, 200, 600, "
+            "dict(os.environ)), []))")  # what train does for a smaller device count
+    parent = subprocess.Popen([sys.executable, "-c", code], env=env, stdout=subprocess.DEVNULL,
+                              stderr=subprocess.PIPE, text=True)
+    try:
+        child, deadline = None, time.monotonic() + 60
+        while child is None and parent.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.2)
+            for pid in _children(parent.pid):
+                try:
+                    if b"--cpu-devices" in pathlib.Path(f"/proc/{pid}/cmdline").read_bytes():
+                        child = pid
+                except OSError:
+                    pass
+        assert child is not None, "no run apart started"
+        time.sleep(1)
+        parent.send_signal(sig)
+        _, err = parent.communicate(timeout=60)
+    finally:
+        parent.kill()
+    assert parent.returncode == 130 and "train: interrupted" in err, err
+    with pytest.raises(ProcessLookupError):
+        os.kill(child, 0)
+    assert not list(tmp_path.glob("d2l_multi-train-*"))  # its folder, removed
+
+
 def test_cli_train_smoke_writes_table_and_plots(tmp_path, monkeypatch):
-    monkeypatch.delenv("PJRT_NPROC", raising=False)  # as in a reader's shell
+    for name in ("PJRT_NPROC", "NPROC"):  # as in a reader's shell
+        monkeypatch.delenv(name, raising=False)
     result = run_cli("train", "--devices", "1,8", "--epochs", "1", "--out", str(tmp_path))
     assert result.returncode == 0, result.stderr
     assert "devices  batch     lr sec/epoch test acc" in result.stdout
