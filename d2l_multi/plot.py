@@ -19,6 +19,8 @@ def use_svg_display():
 
 def set_axes(axes, xlabel, ylabel, xlim, ylim, xscale, yscale, legend):
     """Set the axes for matplotlib."""
+    if xlim is not None and xlim[0] == xlim[1]:  # one epoch: a point, not a range
+        xlim = [xlim[0] - 0.5, xlim[1] + 0.5]
     axes.set_xlabel(xlabel), axes.set_ylabel(ylabel)
     axes.set_xscale(xscale), axes.set_yscale(yscale)
     axes.set_xlim(xlim), axes.set_ylim(ylim)

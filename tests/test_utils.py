@@ -2,6 +2,7 @@
 import inspect
 import re
 import time
+import warnings
 
 import numpy as np
 import pytest
@@ -44,6 +45,15 @@ def test_animator_collects_points_and_saves_png(tmp_path):
     data = path.read_bytes()
     assert data[:8] == PNG and len(data) > 2000
     assert [t.get_text() for t in animator.axes[0].get_legend().get_texts()] == ["train", "test"]
+
+
+def test_animator_of_one_epoch_plots_without_a_warning(tmp_path):
+    animator = d2l.Animator(xlabel="epoch", xlim=[1, 1], ylim=[0, 1])  # train(..., 1)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        animator.add(1, 0.5)
+        animator.save(tmp_path / "one.png")
+    assert animator.axes[0].get_xlim() == (0.5, 1.5)
 
 
 def test_animator_many_axes_and_scales(tmp_path):
