@@ -53,7 +53,7 @@ def parser():
     p = argparse.ArgumentParser(
         prog="python -m d2l_multi train",
         description="Train LeNet on Fashion-MNIST data-parallel on 1 and N devices "
-                    "(N simulated CPU devices when there are fewer than two accelerators).")
+                    "(N simulated CPU devices when there are fewer than N accelerators).")
     p.add_argument("--devices", type=_device_counts, default=[1, "all"],
                    help="comma-separated device counts to compare (default: 1,all)")
     p.add_argument("--epochs", type=positive(int), default=10,

@@ -18,7 +18,7 @@ def simulate_devices(n=8):
     """Make JAX expose ``n`` CPU devices; call before any JAX computation.
 
     Accelerators are never hidden. Returns the devices the chapter will use (``devices()``):
-    the accelerators when there are at least two, otherwise the ``n`` CPU devices.
+    the accelerators when there are at least ``max(2, n)``, otherwise the ``n`` CPU devices.
     """
     if isinstance(n, bool) or not isinstance(n, int) or n < 1:
         raise ValueError(f"simulate_devices needs a positive integer, got {n!r}")
@@ -97,18 +97,21 @@ def set_cpu_compiler_flags(environ=None, jaxlib_version=None):
 
 
 def choose_devices(accelerators, cpus):
-    """The devices the chapter runs on, and why: the accelerators when there are at least two;
-    otherwise the (simulated) CPU devices, so that "N devices" means more than one."""
+    """The devices the chapter runs on, and why: the accelerators when there are at least two
+    and at least as many as the simulated CPU devices (a notebook written for 8 devices needs
+    8); otherwise the CPU devices, so that "N devices" means more than one."""
     accelerators, cpus = list(accelerators), list(cpus)
-    if len(accelerators) >= 2:
+    if len(accelerators) >= max(2, len(cpus)):
         return accelerators, f"{len(accelerators)} {accelerators[0].platform.upper()} devices"
-    if accelerators:
-        kind = accelerators[0].platform
-        return cpus, (f"{len(cpus)} simulated CPU devices: with a single {kind.upper()} there "
-                      f"is nothing to split over, so the CPU is JAX's default backend "
-                      f"(jax.devices() and jax.make_mesh use the CPU devices); the "
-                      f"{kind.upper()} stays available as jax.devices({kind!r})[0]")
-    return cpus, f"{len(cpus)} CPU devices (no accelerator found)"
+    if not accelerators:
+        return cpus, f"{len(cpus)} CPU devices (no accelerator found)"
+    kind, k = accelerators[0].platform, len(accelerators)
+    why = (f"with a single {kind.upper()} there is nothing to split over" if k == 1 else
+           f"{k} {kind.upper()}s are fewer than the {len(cpus)} devices asked for")
+    where = f"jax.devices({kind!r})" + ("[0]" if k == 1 else "")
+    return cpus, (f"{len(cpus)} simulated CPU devices: {why}, so the CPU is JAX's default "
+                  f"backend (jax.devices() and jax.make_mesh use the CPU devices); the "
+                  f"{kind.upper()}{'s stay' if k > 1 else ' stays'} available as {where}")
 
 
 def _accelerators():
@@ -168,8 +171,9 @@ def try_gpu(i=0):
 def devices(n=None):
     """Return the first ``n`` devices the chapter uses (all when ``n`` is None).
 
-    Those are the accelerators when there are at least two, otherwise the CPU devices
-    (``simulate_devices``); the choice is made, and printed, once.
+    Those are the accelerators when there are at least two and no fewer than the simulated
+    CPU devices, otherwise the CPU devices (``simulate_devices``); the choice is made, and
+    printed, once.
     """
     devs = _chosen()
     if n is None:

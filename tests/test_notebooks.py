@@ -11,11 +11,11 @@ import pytest
 CHAPTERS = pathlib.Path(__file__).resolve().parent.parent / "chapters"
 NOTEBOOKS = sorted(CHAPTERS.glob("*.ipynb"))
 FIRST_CELL = ("import d2l_multi as d2l\n"
-              "d2l.simulate_devices(8)  # 8 CPU devices, unless there are 2+ "
+              "d2l.simulate_devices(8)  # 8 CPU devices, unless there are 8+ "
               "accelerators\nimport jax\nimport jax.numpy as jnp")
 # The notebooks that use one device ask for one: XLA:CPU's thread pool then fits the cores.
 ONE_DEVICE = {"01_lenet_from_scratch", "A1_fast_lenet_on_cpu"}
-FIRST_CELL_ONE = FIRST_CELL.replace("(8)  # 8 CPU devices, unless there are 2+ accelerators",
+FIRST_CELL_ONE = FIRST_CELL.replace("(8)  # 8 CPU devices, unless there are 8+ accelerators",
                                     "(1)  # one device: all this notebook uses")
 SCAFFOLDING = re.compile(r"d2l\.(pick|smoke|shrink)\(|\bSMOKE\b|throttle|D2L_MULTI_SMOKE|"
                          r"block_until_ready\(.*\)\s*#.*(deadlock|queue)")
