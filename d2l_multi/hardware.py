@@ -109,7 +109,8 @@ def choose_devices(accelerators, cpus):
     why = (f"with a single {kind.upper()} there is nothing to split over" if k == 1 else
            f"{k} {kind.upper()}s are fewer than the {len(cpus)} devices asked for")
     where = f"jax.devices({kind!r})" + ("[0]" if k == 1 else "")
-    return cpus, (f"{len(cpus)} simulated CPU devices: {why}, so the CPU is JAX's default "
+    n = len(cpus)
+    return cpus, (f"{n} simulated CPU device{'s' * (n != 1)}: {why}, so the CPU is JAX's default "
                   f"backend (jax.devices() and jax.make_mesh use the CPU devices); the "
                   f"{kind.upper()}{'s stay' if k > 1 else ' stays'} available as {where}")
 
