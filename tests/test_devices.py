@@ -99,8 +99,10 @@ def test_the_chapter_uses_accelerators_when_there_are_as_many_as_it_asks_for(
 @pytest.mark.parametrize("gpus,cpus,chosen", [(1, 1, "cpu"), (2, 1, "gpu"), (2, 2, "gpu"),
                                                (3, 4, "cpu")])
 def test_fewer_simulated_devices_ask_for_fewer_accelerators(gpus, cpus, chosen):
-    devices, _ = d2l.choose_devices(fake("gpu", gpus), fake("cpu", cpus))
+    devices, why = d2l.choose_devices(fake("gpu", gpus), fake("cpu", cpus))
     assert devices[0].platform == chosen
+    if (gpus, cpus) == (1, 1):
+        assert why.startswith("1 simulated CPU device: with a single GPU")
 
 
 def test_device_lists():
