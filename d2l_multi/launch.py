@@ -67,8 +67,8 @@ def parser():
     p.add_argument("--processes", "-n", type=int, default=2, metavar="K",
                    help=f"number of worker processes, 1..{MAX_PROCESSES} (default 2)")
     p.add_argument("--devices-per-process", type=int, default=1, metavar="D",
-                   help="devices of each process: simulated CPU devices, or that many "
-                        "accelerators each where there are some (default 1)")
+                   help="devices of each process: that many GPUs each where there are "
+                        "K x D GPUs, else simulated CPU devices (default 1)")
     p.add_argument("--port", type=int, default=None, metavar="PORT",
                    help="coordinator port on 127.0.0.1 (default: a free one)")
     p.add_argument("--heartbeat-timeout", type=int, default=10, metavar="SEC",
@@ -203,9 +203,25 @@ def job_env(process_id, num_processes, devices_per_process, port, heartbeat_time
             "PYTHONUNBUFFERED": "1"}  # so lines arrive as they are printed
 
 
-def worker_env(*args, **kwargs):
-    """The environment of a worker: the launcher's own plus ``job_env(*args, **kwargs)``."""
-    return {**os.environ, **job_env(*args, **kwargs)}
+def cpu_fallback(total_devices, environ=None, gpus=None):
+    """``{"JAX_PLATFORMS": "cpu"}`` where this machine has GPUs, but fewer than the
+    ``total_devices`` a job asks for: its workers then simulate CPU devices, as
+    ``d2l.simulate_devices`` does for a notebook. ``{}`` where JAX_PLATFORMS is set already,
+    where there is no GPU, or where there are enough (``gpus``: counted when None)."""
+    from .distributed import _gpus_here
+    env = os.environ if environ is None else environ
+    gpus = _gpus_here(env) if gpus is None else gpus
+    if env.get("JAX_PLATFORMS", "").strip() or not gpus or gpus >= total_devices:
+        return {}
+    return {"JAX_PLATFORMS": "cpu"}
+
+
+def worker_env(process_id, num_processes, devices_per_process, port, *args, **kwargs):
+    """The environment of a worker: the launcher's own, ``job_env(...)`` and, where this
+    machine has fewer GPUs than the job has devices, ``JAX_PLATFORMS=cpu`` (``cpu_fallback``)."""
+    return {**os.environ, **job_env(process_id, num_processes, devices_per_process, port,
+                                    *args, **kwargs),
+            **cpu_fallback(num_processes * devices_per_process)}
 
 
 def start_worker(command, env):
@@ -555,6 +571,9 @@ def run(command, processes, devices_per_process, port=None, heartbeat_timeout=10
         command = [sys.executable, *command]
     _log(f"{processes} process(es) x {devices_per_process} device(s), coordinator "
          f"{HOST}:{port}: {' '.join(command)}")
+    if cpu_fallback(processes * devices_per_process):
+        _log(f"this machine has fewer GPUs than the {processes * devices_per_process} "
+             f"devices asked for: the workers simulate CPU devices (JAX_PLATFORMS=cpu)")
 
     def env_of(i):
         return worker_env(i, processes, devices_per_process, port, heartbeat_timeout,

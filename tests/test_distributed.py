@@ -608,6 +608,29 @@ def test_the_gpus_present_are_counted_from_the_driver(tmp_path):
     assert distributed._gpus_here({"CUDA_VISIBLE_DEVICES": "1,3"}, str(tmp_path)) == 2
 
 
+@pytest.mark.parametrize("gpus,environ,expected", [
+    (1, {}, {"JAX_PLATFORMS": "cpu"}),            # Colab's one GPU, 2 x 4 devices asked for
+    (7, {}, {"JAX_PLATFORMS": "cpu"}),
+    (8, {}, {}),                                  # enough GPUs: worker p gets GPUs p*4..
+    (None, {}, {}), (0, {}, {}),                  # no NVIDIA driver, or no GPU visible
+    (1, {"JAX_PLATFORMS": "cuda"}, {}),           # the reader's choice is kept
+])
+def test_workers_simulate_cpu_devices_where_gpus_are_too_few(gpus, environ, expected):
+    assert launch.cpu_fallback(8, environ, gpus) == expected
+
+
+def test_the_launcher_gives_the_fallback_to_every_worker(monkeypatch, capsys):
+    from d2l_multi import distributed
+    monkeypatch.delenv("JAX_PLATFORMS", raising=False)
+    monkeypatch.setattr(distributed, "_gpus_here", lambda environ=None: 1)
+    check = "import os, sys; sys.exit(os.environ.get('JAX_PLATFORMS') != 'cpu')"
+    assert launch.run([PY, "-c", check], 2, 4, timeout=60) == 0
+    assert "fewer GPUs than the 8 devices asked for" in capsys.readouterr().err
+    assert launch.worker_env(1, 2, 1, 1234)["JAX_PLATFORMS"] == "cpu"  # 2 devices, 1 GPU
+    monkeypatch.setattr(distributed, "_gpus_here", lambda environ=None: 2)
+    assert "JAX_PLATFORMS" not in launch.worker_env(1, 2, 1, 1234)
+
+
 def test_gloo_chatter_is_dropped():
     chatter = "Expected number of connected peer ranks is : 7"
     assert launch.drop_gloo_chatter(f"[Gloo] Rank 3 is connected to 7 peer ranks. {chatter}") \
