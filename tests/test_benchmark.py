@@ -5,6 +5,7 @@ import importlib.util
 import os
 import subprocess
 import sys
+import textwrap
 
 import pytest
 
@@ -130,6 +131,29 @@ def test_xla_cpu_defaults_give_one_program_ynnpack_back():
     lowered = f.lower(jax.numpy.ones((5, 5, 20, 50)), jax.numpy.ones((8, 13, 13, 20)))
     assert "__ynn_fusion" not in lowered.compile().as_text()
     assert "__ynn_fusion" in lowered.compile(options).as_text()
+
+
+def test_xla_cpu_defaults_are_what_xla_cpu_does_without_the_chapters_flag():
+    """In a process without XLA_FLAGS, LeNet's gradient compiles to the same program with
+    ``xla_cpu_defaults()`` as without options: the row named "XLA:CPU defaults" is that."""
+    script = textwrap.dedent("""
+        import re, sys, jax, numpy as np, d2l_multi as d2l
+        from d2l_multi.benchmark import xla_cpu_defaults
+        options = xla_cpu_defaults()
+        X, y = np.zeros((256, 28, 28, 1), np.float32), np.zeros(256, np.int32)
+        lowered = jax.jit(jax.value_and_grad(d2l.loss_fn)).lower(
+            d2l.init_lenet_params(jax.random.key(0)), X, y)
+        text = lambda o: re.sub(r"[.]\\d+", "", lowered.compile(o).as_text())
+        print(bool(options), text({}) == text(options), "__ynn_fusion" in text({}))
+    """)
+    env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
+    out = subprocess.run([sys.executable, "-c", script], env={**env, "JAX_PLATFORMS": "cpu"},
+                         capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr
+    known, same, ynnpack = out.stdout.split()
+    if known == "False":
+        pytest.skip("this jaxlib's defaults are not known here")
+    assert same == "True" and ynnpack == "True"
 
 
 def test_pytorch_baseline_uses_a_thread_per_core_and_channels_last_on_request():
