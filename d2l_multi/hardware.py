@@ -103,13 +103,13 @@ def choose_devices(accelerators, cpus):
     accelerators, cpus = list(accelerators), list(cpus)
     if len(accelerators) >= max(2, len(cpus)):
         return accelerators, f"{len(accelerators)} {accelerators[0].platform.upper()} devices"
+    n = len(cpus)
     if not accelerators:
-        return cpus, f"{len(cpus)} CPU devices (no accelerator found)"
+        return cpus, f"{n} CPU devices (no accelerator found)"
     kind, k = accelerators[0].platform, len(accelerators)
     why = (f"with a single {kind.upper()} there is nothing to split over" if k == 1 else
-           f"{k} {kind.upper()}s are fewer than the {len(cpus)} devices asked for")
+           f"{k} {kind.upper()}s are fewer than the {n} devices asked for")
     where = f"jax.devices({kind!r})" + ("[0]" if k == 1 else "")
-    n = len(cpus)
     return cpus, (f"{n} simulated CPU device{'s' * (n != 1)}: {why}, so the CPU is JAX's default "
                   f"backend (jax.devices() and jax.make_mesh use the CPU devices); the "
                   f"{kind.upper()}{'s stay' if k > 1 else ' stays'} available as {where}")

@@ -226,15 +226,14 @@ def test_a_run_apart_that_fails_or_overruns_is_named_and_leaves_no_process(monke
         os.kill(pid, 0)
 
 
-def _children(pid):
-    """The process ids whose parent is ``pid``, read from /proc."""
+def _pids_mentioning(text):
+    """The processes whose command line holds ``text``, read from /proc."""
     found = []
-    for entry in pathlib.Path("/proc").iterdir():
+    for cmdline in pathlib.Path("/proc").glob("[0-9]*/cmdline"):
         try:
-            if entry.name.isdigit() and int((entry / "stat").read_text().rsplit(")", 1)[1]
-                                            .split()[1]) == pid:
-                found.append(int(entry.name))
-        except (OSError, IndexError, ValueError):
+            if text.encode() in cmdline.read_bytes():
+                found.append(int(cmdline.parent.name))
+        except OSError:
             pass
     return found
 
@@ -251,13 +250,8 @@ def test_stopping_train_stops_its_run_apart_and_removes_its_folder(tmp_path, sig
     try:
         child, deadline = None, time.monotonic() + 60
         while child is None and parent.poll() is None and time.monotonic() < deadline:
-            time.sleep(0.2)
-            for pid in _children(parent.pid):
-                try:
-                    if b"--cpu-devices" in pathlib.Path(f"/proc/{pid}/cmdline").read_bytes():
-                        child = pid
-                except OSError:
-                    pass
+            time.sleep(0.2)  # the run apart is the process whose --out lies in tmp_path
+            child = next(iter(_pids_mentioning(str(tmp_path))), None)
         assert child is not None, "no run apart started"
         time.sleep(1)
         parent.send_signal(sig)
