@@ -23,43 +23,40 @@ import optax
 import orbax.checkpoint as ocp
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
-import d2l_multi as d2l
-
-from .utils import validated
-
-
-class CheckpointError(RuntimeError):
-    """A checkpoint exists but cannot be read: it is damaged or was not written by Orbax."""
+from . import _checks as check
+from .errors import AlreadyExistsError, CheckpointError, DivergedError, InputError, NoAccessError, NotAFolderError, NotFoundError, PathError, TooLargeError
+from .concise import make_train_step, shard_batch
+from .hardware import device_mesh
 
 
 def _is_spec(x):
     return isinstance(x, P) or x is None
 
 
-def check_specs(tree, specs):
+def _check_specs(tree, specs):
     """Raise a ValueError unless ``specs`` holds one PartitionSpec per array of ``tree``."""
     spec_leaves = jax.tree.leaves(specs, is_leaf=_is_spec)
     if any(s is None or not isinstance(s, P) for s in spec_leaves):
         bad = next(s for s in spec_leaves if not isinstance(s, P))
-        raise ValueError(f"specs must hold a PartitionSpec for every array, found {bad!r}; "
+        raise InputError(f"specs must hold a PartitionSpec for every array, found {bad!r}; "
                          f"write P() for a replicated array")
     tree_def = jax.tree.structure(tree)
     spec_def = jax.tree.structure(specs, is_leaf=_is_spec)
     if tree_def != spec_def:
-        raise ValueError(f"specs must have the structure of the arrays, one PartitionSpec per "
+        raise InputError(f"specs must have the structure of the arrays, one PartitionSpec per "
                          f"array: the arrays are {tree_def.num_leaves} in {tree_def}, the "
                          f"specs {spec_def.num_leaves} in {spec_def}")
 
 
-def check_layouts(tree, specs, mesh):
+def _check_layouts(tree, specs, mesh):
     """Raise a ValueError unless ``mesh`` is a Mesh and ``specs`` holds one PartitionSpec per
     array of ``tree`` that names axes of ``mesh`` and splits its array evenly."""
     if not isinstance(mesh, Mesh):
-        raise ValueError(f"mesh must be a jax.sharding.Mesh (e.g. d2l.device_mesh((4, 2))), got "
+        raise InputError(f"mesh must be a jax.sharding.Mesh (e.g. d2l.device_mesh((4, 2))), got "
                          f"{type(mesh).__name__}")
-    check_specs(tree, specs)
+    _check_specs(tree, specs)
     for x, spec in zip(jax.tree.leaves(tree), jax.tree.leaves(specs, is_leaf=_is_spec)):
-        d2l.check_spec(spec, mesh, jnp.shape(x))
+        check.spec(spec, mesh, jnp.shape(x))
 
 
 def lenet_specs(axis="model"):
@@ -67,17 +64,10 @@ def lenet_specs(axis="model"):
     return [P(), P(), P(), P(), P(None, axis), P(axis), P(axis, None), P()]
 
 
-def check_lenet_specs(axis="model"):
+def _check_lenet_specs(axis="model"):
     """Raise a ValueError unless ``axis`` names a mesh axis."""
     if not isinstance(axis, str) or not axis:
-        raise ValueError(f"axis must be the name of a mesh axis, e.g. 'model', got {axis!r}")
-
-
-def check_optimizer(optimizer):
-    """Raise a ValueError unless ``optimizer`` is an optax optimizer."""
-    if not isinstance(optimizer, optax.GradientTransformation):
-        raise ValueError(f"optimizer must be an optax optimizer, e.g. optax.adam(1e-3), got "
-                         f"{type(optimizer).__name__}")
+        raise InputError(f"axis must be the name of a mesh axis, e.g. 'model', got {axis!r}")
 
 
 def state_specs(optimizer, params, specs):
@@ -90,10 +80,10 @@ def state_specs(optimizer, params, specs):
             "step": P()}
 
 
-def check_state_specs(optimizer, params, specs):
+def _check_state_specs(optimizer, params, specs):
     """Raise a ValueError unless ``optimizer`` is optax's and ``specs`` fit ``params``."""
-    d2l.check_optimizer(optimizer)
-    d2l.check_specs(params, specs)
+    check.optimizer(optimizer)
+    _check_specs(params, specs)
 
 
 def sharded_train_state(params, optimizer, mesh, specs):
@@ -106,9 +96,9 @@ def sharded_train_state(params, optimizer, mesh, specs):
         state, layouts)
 
 
-def check_train_state(params, optimizer, mesh, specs):
+def _check_train_state(params, optimizer, mesh, specs):
     """Raise a ValueError unless ``specs`` lay ``params`` out on ``mesh``."""
-    d2l.check_layouts(params, specs, mesh)
+    _check_layouts(params, specs, mesh)
 
 
 def abstract_like(tree, mesh, specs):
@@ -117,24 +107,24 @@ def abstract_like(tree, mesh, specs):
         x.shape, x.dtype, sharding=NamedSharding(mesh, spec)), tree, specs)
 
 
-def check_abstract_like(tree, mesh, specs):
+def _check_abstract_like(tree, mesh, specs):
     """Raise a ValueError unless ``specs`` lay ``tree`` out on ``mesh``."""
-    d2l.check_layouts(tree, specs, mesh)
+    _check_layouts(tree, specs, mesh)
 
 
-lenet_specs = validated(lenet_specs, check_lenet_specs)
-state_specs = validated(state_specs, check_state_specs)
-sharded_train_state = validated(sharded_train_state, check_train_state)
-abstract_like = validated(abstract_like, check_abstract_like)
+lenet_specs = check.validated(lenet_specs, _check_lenet_specs)
+state_specs = check.validated(state_specs, _check_state_specs)
+sharded_train_state = check.validated(sharded_train_state, _check_train_state)
+abstract_like = check.validated(abstract_like, _check_abstract_like)
 
 
 def _check_directory(directory, name="directory"):
     if isinstance(directory, bytes) or not isinstance(directory, (str, os.PathLike)) or \
             not str(directory):
-        raise ValueError(f"{name} must be a folder path (str or pathlib.Path), got {directory!r}")
+        raise InputError(f"{name} must be a folder path (str or pathlib.Path), got {directory!r}")
     directory = pathlib.Path(directory).absolute()
     if directory.exists() and not directory.is_dir():
-        raise NotADirectoryError(f"{directory} is a file, not a checkpoint folder; pass a folder")
+        raise NotAFolderError(f"{directory} is a file, not a checkpoint folder; pass a folder")
     return directory
 
 
@@ -143,7 +133,7 @@ def _check_count(name, value, minimum, allow_none=False):
         return
     if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < minimum:
         none = " or None" if allow_none else ""
-        raise ValueError(f"{name} must be an integer >= {minimum}{none}, got {value!r}")
+        raise InputError(f"{name} must be an integer >= {minimum}{none}, got {value!r}")
 
 
 class _QuietOrbax(logging.Filter):
@@ -204,12 +194,12 @@ def _check_writable(directory):
     in its nearest existing parent), OSError if its path leaves no room for their files."""
     existing = _nearest_existing(directory)
     if not os.access(existing, os.W_OK | os.X_OK):
-        raise PermissionError(f"cannot write checkpoints into {directory} ({existing} is not "
+        raise NoAccessError(f"cannot write checkpoints into {directory} ({existing} is not "
                               f"writable: no permission, or a read-only disk); pass a folder "
                               f"you can write to")
     limit = os.pathconf(existing, "PC_PATH_MAX")
     if len(str(directory)) + _DEEPEST > limit:
-        raise OSError(f"the path of the checkpoint folder is {len(str(directory))} characters "
+        raise PathError(f"the path of the checkpoint folder is {len(str(directory))} characters "
                       f"long, and its files need about {_DEEPEST} more, past this system's "
                       f"limit of {limit}; pass a shorter path")
 
@@ -224,7 +214,7 @@ def _check_only_checkpoints(directory):
         _ORBAX_TMP.fullmatch(p.name) or re.fullmatch(r"[0-9]+", p.name) and _finished(p))))
     if others:
         more = f" and {len(others) - 5} more" if len(others) > 5 else ""
-        raise FileExistsError(f"{directory} holds {', '.join(others[:5])}{more}, which are not "
+        raise AlreadyExistsError(f"{directory} holds {', '.join(others[:5])}{more}, which are not "
                               f"checkpoints; a checkpoint manager deletes old numbered folders, "
                               f"so give the checkpoints a folder of their own (or move those "
                               f"out)")
@@ -242,7 +232,7 @@ def checkpoint_manager(directory, max_to_keep=3, create=True, read_only=False, t
     _check_count("timeout", timeout, 1, allow_none=True)
     for name, flag in [("create", create), ("read_only", read_only)]:
         if not isinstance(flag, bool):
-            raise ValueError(f"{name} must be True or False, got {flag!r}")
+            raise InputError(f"{name} must be True or False, got {flag!r}")
     if read_only:
         options = ocp.CheckpointManagerOptions(read_only=True, create=False, max_to_keep=None,
                                                save_interval_steps=0)
@@ -266,7 +256,7 @@ def saved_steps(directory):
 def _check_tree(state, what):
     leaves = jax.tree.leaves(state)
     if not leaves:
-        raise ValueError(f"{what} holds no arrays ({state!r}); pass a pytree of arrays, e.g. "
+        raise InputError(f"{what} holds no arrays ({state!r}); pass a pytree of arrays, e.g. "
                          f"the train state of d2l.sharded_train_state")
     return leaves
 
@@ -275,16 +265,16 @@ def save_checkpoint(manager, step, state, data_iter=None):
     """Save ``state`` (and where the Grain iterator ``data_iter`` is) as ``step``, in the
     background: call ``manager.wait_until_finished()`` before relying on it."""
     if not isinstance(manager, ocp.CheckpointManager):
-        raise ValueError(f"manager must be an Orbax CheckpointManager (d2l.checkpoint_manager), "
+        raise InputError(f"manager must be an Orbax CheckpointManager (d2l.checkpoint_manager), "
                          f"got {type(manager).__name__}")
     _check_count("step", step, 0)
     _check_tree(state, "state")
     if data_iter is not None and not hasattr(data_iter, "get_state"):
-        raise ValueError(f"data_iter must be a Grain iterator (with get_state), got "
+        raise InputError(f"data_iter must be a Grain iterator (with get_state), got "
                          f"{type(data_iter).__name__}; pass iter(loader), or None")
     latest = manager.latest_step()
     if latest is not None and step <= latest:
-        raise ValueError(f"step {step} is not after the latest saved step {latest} in "
+        raise InputError(f"step {step} is not after the latest saved step {latest} in "
                          f"{manager.directory}, and Orbax saves only increasing steps; pass a "
                          f"step > {latest}, or save into a fresh folder")
     _check_room(manager.directory, step, state)
@@ -292,7 +282,7 @@ def save_checkpoint(manager, step, state, data_iter=None):
     if data_iter is not None:
         items["data"] = grain.checkpoint.CheckpointSave(data_iter)
     if not manager.save(int(step), args=ocp.args.Composite(**items)):
-        raise ValueError(f"the manager of {manager.directory} did not save step {step}: it is "
+        raise InputError(f"the manager of {manager.directory} did not save step {step}: it is "
                          f"read-only or its save policy skips that step; save with a manager "
                          f"from d2l.checkpoint_manager(directory)")
     return True
@@ -304,7 +294,7 @@ def _check_room(directory, step, state):
                for x in jax.tree.leaves(state))
     free = shutil.disk_usage(_nearest_existing(pathlib.Path(directory))).free
     if free < need:
-        raise OSError(f"not enough space to save step {step} into {directory}: the state needs "
+        raise PathError(f"not enough space to save step {step} into {directory}: the state needs "
                       f"{need:,} bytes, the disk has {free:,} bytes free; free some space, or "
                       f"save into a folder on another disk")
 
@@ -319,7 +309,7 @@ def wait_for_saves(manager):
         cause = next((x for x in _chain(e) if isinstance(x, OSError) and x.errno), None)
         why = os.strerror(cause.errno) if cause else f"{type(e).__name__}: {str(e)[:300]}"
         free = shutil.disk_usage(_nearest_existing(directory)).free
-        raise OSError(f"saving a checkpoint into {directory} failed ({why}); its disk has "
+        raise PathError(f"saving a checkpoint into {directory} failed ({why}); its disk has "
                       f"{free:,} bytes free. Free some space, or pass a shorter path to a "
                       f"folder you can write to") from e
 
@@ -330,7 +320,7 @@ def _by_path(tree):
             for path, x in jax.tree_util.tree_flatten_with_path(tree)[0]}
 
 
-def check_fits(saved, target, where):
+def _check_fits(saved, target, where):
     """Raise a ValueError naming the arrays whose paths, shapes or dtypes differ between the
     saved arrays (Orbax's metadata) and the restore target."""
     saved, target = _by_path(saved), _by_path(target)
@@ -351,7 +341,7 @@ def check_fits(saved, target, where):
         if dtypes and len(dtypes) == len(problems):
             fix = ("Restore into the saved dtypes and cast afterwards (x.astype(...)), or build "
                    "the model with the dtypes it was saved with")
-        raise ValueError(f"the checkpoint {where} does not fit the model: "
+        raise InputError(f"the checkpoint {where} does not fit the model: "
                          f"{'; '.join(problems[:3])}{more}. {fix}")
 
 
@@ -359,23 +349,23 @@ def _target(target):
     """``target`` with NumPy scalars as 0-d arrays; a ValueError names any leaf Orbax cannot
     restore into and any layout that does not tile its array."""
     if target is None or not jax.tree.leaves(target):
-        raise ValueError(f"target holds no arrays ({target!r}); pass the shapes, dtypes and "
+        raise InputError(f"target holds no arrays ({target!r}); pass the shapes, dtypes and "
                          f"layouts to restore into, e.g. d2l.abstract_like(state, mesh, specs)")
     target = jax.tree.map(lambda x: np.asarray(x) if isinstance(x, np.generic) else x, target)
     for name, x in _by_path(target).items():
         if not isinstance(x, (jax.ShapeDtypeStruct, jax.Array, np.ndarray)):
-            raise ValueError(f"target {name} is a {type(x).__name__}; give arrays or "
+            raise InputError(f"target {name} is a {type(x).__name__}; give arrays or "
                              f"jax.ShapeDtypeStruct (d2l.abstract_like builds them)")
         sharding = getattr(x, "sharding", None)
         if sharding is None:
             continue
         try:
             if isinstance(sharding, NamedSharding):
-                d2l.check_spec(sharding.spec, sharding.mesh, x.shape)
+                check.spec(sharding.spec, sharding.mesh, x.shape)
             else:
                 sharding.shard_shape(x.shape)
         except ValueError as e:
-            raise ValueError(f"target {name} cannot be laid out as asked: {e}") from None
+            raise InputError(f"target {name} cannot be laid out as asked: {e}") from None
     return target
 
 
@@ -387,7 +377,7 @@ def _check_readable(path, recursive=True):
             paths += [os.path.join(root, name) for name in dirs + files]
     for p in paths:
         if not os.access(p, os.R_OK | (os.X_OK if os.path.isdir(p) else 0)):
-            raise PermissionError(f"cannot read {p}: permission denied. Ask for read access to "
+            raise NoAccessError(f"cannot read {p}: permission denied. Ask for read access to "
                                   f"the checkpoint folder, or copy it somewhere readable")
 
 
@@ -427,7 +417,7 @@ def _restore_failure(e, where, steps):
                                f"({detail}). Ask for read access to the checkpoint folder, or "
                                f"copy it somewhere readable")
     if any(isinstance(x, MemoryError) for x in chain) or "RESOURCE_EXHAUSTED" in codes:
-        return MemoryError(f"the checkpoint {where} does not fit in the devices' memory "
+        return TooLargeError(f"the checkpoint {where} does not fit in the devices' memory "
                            f"({detail}). Restore onto more devices, or split the large arrays "
                            f"over a mesh axis (their PartitionSpecs) so each device holds less")
     return _damaged(where, f"its arrays cannot be read ({detail})", steps)
@@ -473,7 +463,7 @@ def _check_saved_layouts(saved, target, where):
                   key=lambda name: (not name.startswith("params"), name))
     if lost:
         more = f" and {len(lost) - 3} more" if len(lost) > 3 else ""
-        raise ValueError(f"the arrays of {where} cannot be laid out on these devices: "
+        raise InputError(f"the arrays of {where} cannot be laid out on these devices: "
                          f"{', '.join(lost[:3])}{more} have no sharding in the target, and "
                          f"the devices they were saved on are not all here. Give every array "
                          f"a sharding on this machine's devices: d2l.abstract_like(shapes, "
@@ -502,22 +492,22 @@ def restore_checkpoint(directory, target, step=None, data_iter=None):
     target = _target(target)
     _check_count("step", step, 0, allow_none=True)
     if data_iter is not None and not hasattr(data_iter, "set_state"):
-        raise ValueError(f"data_iter must be a Grain iterator (with set_state), got "
+        raise InputError(f"data_iter must be a Grain iterator (with set_state), got "
                          f"{type(data_iter).__name__}; pass iter(loader), or None")
     if not directory.is_dir():
-        raise FileNotFoundError(f"no checkpoint directory {directory}; pass the directory "
+        raise NotFoundError(f"no checkpoint directory {directory}; pass the directory "
                                 f"the run saved its checkpoints into")
     _check_readable(directory, recursive=False)
     numbered = _numbered(directory)
     if not numbered:
         found = sorted(p.name for p in directory.iterdir()) or "nothing"
-        raise FileNotFoundError(f"{directory} holds no finished checkpoint (it contains "
+        raise NotFoundError(f"{directory} holds no finished checkpoint (it contains "
                                 f"{found}); pass the directory the run saved its "
                                 f"checkpoints into, or train from scratch")
     steps = sorted(s for s, folder in numbered.items() if _finished(folder))
     step = max(numbered) if step is None else int(step)
     if step not in numbered:
-        raise ValueError(f"no checkpoint for step={step!r} in {directory}; it has the "
+        raise InputError(f"no checkpoint for step={step!r} in {directory}; it has the "
                          f"steps {steps}")
     where, others = numbered[step], [s for s in steps if s != step]
     _check_readable(where)
@@ -527,7 +517,7 @@ def restore_checkpoint(directory, target, step=None, data_iter=None):
             saved = manager.item_metadata(step)["state"].tree
         except Exception as e:  # metadata that the checks above did not catch
             raise _restore_failure(e, where, others) from e
-        check_fits(saved, target, where)
+        _check_fits(saved, target, where)
         _check_saved_layouts(saved, target, where)
         try:
             state = manager.restore(step, args=ocp.args.Composite(
@@ -542,28 +532,13 @@ def restore_checkpoint(directory, target, step=None, data_iter=None):
             except (KeyError, ValueError) as e:
                 why = "\n".join(line for line in str(e).splitlines()  # drop Grain's hint on repr
                                 if not line.startswith("Grain uses")).rstrip(".")
-                raise ValueError(f"cannot restore the data iterator from {where}: {why}. Pass "
+                raise InputError(f"cannot restore the data iterator from {where}: {why}. Pass "
                                  f"a loader built as the run's was (source, batch size, seed, "
                                  f"shard options, workers), or data_iter=None") from e
             except Exception as e:
                 raise _restore_failure(e, where, others) from e
     return state
 
-
-@jax.jit
-def _finite(arrays):
-    return [jnp.isfinite(x).all() for x in arrays]
-
-
-def check_finite(tree, what="the state"):
-    """Raise FloatingPointError naming the arrays of ``tree`` that hold NaN or infinity."""
-    named = {k: x for k, x in _by_path(tree).items()
-             if jnp.issubdtype(jnp.result_type(x), jnp.inexact)}
-    bad = [k for k, ok in zip(named, _finite(list(named.values()))) if not bool(ok)]
-    if bad:
-        more = f" and {len(bad) - 3} more" if len(bad) > 3 else ""
-        raise FloatingPointError(f"{what} holds NaN or infinity in {', '.join(bad[:3])}{more}; "
-                                 f"the run diverged: lower the learning rate")
 
 
 def train_steps(state, train_step, batches, mesh, num_steps, manager=None, save_every=0):
@@ -572,28 +547,28 @@ def train_steps(state, train_step, batches, mesh, num_steps, manager=None, save_
     iterator, its position), after checking that the loss and the state are finite. Returns the
     new state and the losses."""
     if not isinstance(mesh, Mesh):
-        raise ValueError(f"mesh must be a jax.sharding.Mesh (e.g. d2l.device_mesh((4, 2))), got "
+        raise InputError(f"mesh must be a jax.sharding.Mesh (e.g. d2l.device_mesh((4, 2))), got "
                          f"{type(mesh).__name__}")
     _check_count("num_steps", num_steps, 0)
     _check_count("save_every", save_every, 0)
     if not callable(train_step) or not hasattr(batches, "__next__"):
-        raise ValueError("train_step must be a function (d2l.make_train_step) and batches an "
+        raise InputError("train_step must be a function (d2l.make_train_step) and batches an "
                          "iterator: pass iter(loader), not the loader")
     if save_every and manager is None:
-        raise ValueError(f"save_every={save_every} needs a manager to save with; pass "
+        raise InputError(f"save_every={save_every} needs a manager to save with; pass "
                          f"manager=d2l.checkpoint_manager(directory), or save_every=0")
     start, losses = int(state["step"]), []
     for i in range(num_steps):
         X, y = next(batches)
         params, opt_state, loss = train_step(state["params"], state["opt_state"],
-                                             *d2l.shard_batch(X, y, mesh))
+                                             *shard_batch(X, y, mesh))
         state = {"params": params, "opt_state": opt_state, "step": state["step"] + 1}
         losses.append(loss)
         if manager is not None and save_every and (start + i + 1) % save_every == 0:
             if not math.isfinite(float(loss)):
-                raise FloatingPointError(f"the loss became {float(loss)} at step {start + i + 1};"
+                raise DivergedError(f"the loss became {float(loss)} at step {start + i + 1};"
                                          f" not saving it. Lower the learning rate")
-            check_finite(state, f"the state of step {start + i + 1}")
+            check.finite(state, f"the state of step {start + i + 1}")
             save_checkpoint(manager, start + i + 1, state,
                             batches if hasattr(batches, "get_state") else None)
     if manager is not None:

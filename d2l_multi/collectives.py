@@ -5,7 +5,9 @@ import jax.numpy as jnp
 from jax import lax
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
-from .utils import validated
+from . import _checks as check
+from .errors import InputError
+from .hardware import devices
 
 
 def allreduce(data):
@@ -16,10 +18,10 @@ def allreduce(data):
     return [jax.device_put(total, x.device) for x in data]  # broadcast back
 
 
-def check_allreduce(data):
+def _check_allreduce(data):
     """Raise a ValueError unless ``data`` holds at least one array."""
     if not data:
-        raise ValueError("allreduce needs a list with one array per device, got []")
+        raise InputError("allreduce needs a list with one array per device, got []")
 
 
 def replicate(params, devices):
@@ -29,10 +31,10 @@ def replicate(params, devices):
     return jax.device_put(jax.tree.map(stack, params), sharding)
 
 
-def check_replicate(params, devices):
+def _check_replicate(params, devices):
     """Raise a ValueError unless there is at least one device to copy to."""
     if not devices:
-        raise ValueError("replicate needs at least one device, got none; pass d2l.devices(n)")
+        raise InputError("replicate needs at least one device, got none; pass d2l.devices(n)")
 
 
 def unreplicate(params):
@@ -55,5 +57,5 @@ def ring_allreduce(x, axis_name):
     return chunks.reshape(-1)[:x.size].reshape(x.shape)
 
 
-allreduce = validated(allreduce, check_allreduce)
-replicate = validated(replicate, check_replicate)
+allreduce = check.validated(allreduce, _check_allreduce)
+replicate = check.validated(replicate, _check_replicate)

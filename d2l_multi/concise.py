@@ -14,52 +14,30 @@ import optax
 from jax import lax
 from jax.sharding import NamedSharding, PartitionSpec as P
 
-import d2l_multi as d2l
-
-from .utils import validated
-
-
-def check_spec(spec, mesh, shape=None):
-    """Check that ``spec`` names only axes of ``mesh`` and, given ``shape``, tiles it evenly."""
-    for dim, entry in enumerate(spec):
-        names = [n for n in (entry if isinstance(entry, tuple) else (entry,)) if n is not None]
-        for name in names:
-            if name not in mesh.axis_names:
-                raise ValueError(f"{spec} names the mesh axis {name!r}, but the mesh has only "
-                                 f"the axes {tuple(mesh.axis_names)}; use one of those, or build "
-                                 f"the mesh with it: d2l.device_mesh(axis_names=({name!r},))")
-        parts = math.prod(mesh.shape[n] for n in names)
-        if shape is not None and dim < len(shape):
-            d2l.check_divisible(shape[dim], parts, f"dimension {dim} of shape {tuple(shape)}: size",
-                                f"devices of the mesh axes {tuple(names)} ({spec})")
+from . import _checks as check
+from .errors import InputError
+from ._earlier import concise as d2l
 
 
 def shard(tree, mesh, spec=P()):
     """Put every array of ``tree`` on ``mesh``, laid out as ``spec`` (``P()``: replicated)."""
     for x in jax.tree.leaves(tree):
-        check_spec(spec, mesh, jnp.shape(x))
+        check.spec(spec, mesh, jnp.shape(x))
     return jax.device_put(tree, NamedSharding(mesh, spec))
 
 
 def shard_batch(X, y, mesh, axis_name="data"):
     """Split a global batch along the mesh axis ``axis_name``: one slice of rows per device."""
-    check_spec(P(axis_name), mesh)
-    d2l.check_divisible(X.shape[0], mesh.shape[axis_name])
+    check.spec(P(axis_name), mesh)
+    check.divisible(X.shape[0], mesh.shape[axis_name])
     return shard((X, y), mesh, P(axis_name))
 
 
 def _check_batch_labels(X, y, *args, **kwargs):
-    d2l.check_labels(X, y)
+    check.labels(X, y)
 
 
-shard_batch = d2l.validated(shard_batch, _check_batch_labels)
-
-
-def check_step_optimizer(optimizer):
-    """Raise a TypeError unless a step's ``optimizer`` is an optax optimizer (has ``update``)."""
-    if not hasattr(optimizer, "update"):
-        raise TypeError(f"optimizer must be an optax optimizer such as optax.sgd(0.1), "
-                        f"got {optimizer!r}")
+shard_batch = check.validated(shard_batch, _check_batch_labels)
 
 
 def make_train_step(optimizer, loss=None):
@@ -74,9 +52,9 @@ def make_train_step(optimizer, loss=None):
     return train_step
 
 
-def check_train_step(optimizer, loss=None):
+def _check_train_step(optimizer, loss=None):
     """Raise a TypeError unless ``optimizer`` is an optax optimizer."""
-    check_step_optimizer(optimizer)
+    check.optimizer(optimizer)
 
 
 def make_shard_map_step(mesh, optimizer, loss=None, axis_name="data"):
@@ -93,10 +71,10 @@ def make_shard_map_step(mesh, optimizer, loss=None, axis_name="data"):
                                  out_specs=P()))
 
 
-def check_shard_map_step(mesh, optimizer, loss=None, axis_name="data"):
+def _check_shard_map_step(mesh, optimizer, loss=None, axis_name="data"):
     """Raise unless ``optimizer`` is optax's and ``mesh`` has ``axis_name``."""
-    check_step_optimizer(optimizer)
-    check_spec(P(axis_name), mesh)
+    check.optimizer(optimizer)
+    check.spec(P(axis_name), mesh)
 
 
 COLLECTIVES = ("all-reduce", "all-gather", "reduce-scatter", "all-to-all",
@@ -112,13 +90,13 @@ def count_collectives(hlo_text):
     return counts
 
 
-def check_hlo_text(hlo_text):
+def _check_hlo_text(hlo_text):
     """Raise a TypeError unless ``hlo_text`` is HLO text (a string), not a compiled program."""
     if not isinstance(hlo_text, str):
-        raise TypeError(f"count_collectives reads HLO text, not a {type(hlo_text).__name__}; "
+        raise InputError(f"count_collectives reads HLO text, not a {type(hlo_text).__name__}; "
                         f"pass f.lower(*args).compile().as_text()")
 
 
-make_train_step = validated(make_train_step, check_train_step)
-make_shard_map_step = validated(make_shard_map_step, check_shard_map_step)
-count_collectives = validated(count_collectives, check_hlo_text)
+make_train_step = check.validated(make_train_step, _check_train_step)
+make_shard_map_step = check.validated(make_shard_map_step, _check_shard_map_step)
+count_collectives = check.validated(count_collectives, _check_hlo_text)

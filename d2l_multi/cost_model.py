@@ -1,7 +1,7 @@
 """What collectives and steps cost: time collectives, fit the alpha-beta model (notebook
 07a), count and time a step's compute and predict the step time of data parallelism on k
 devices (notebook 07b). The functions the notebooks show are kept as shown; their public
-names check their arguments first (``d2l.validated``)."""
+names check their arguments first (``check.validated``)."""
 import functools
 import itertools
 import math
@@ -13,22 +13,26 @@ import numpy as np
 from jax import lax
 from jax.sharding import AxisType, NamedSharding, PartitionSpec as P
 
-import d2l_multi as d2l
-from .utils import validated
+from . import _checks as check
+from ._earlier import cost_model as d2l
+from .errors import InputError
+from .smoke_switch import shrink
+from .utils import time_call
+
 
 COLLECTIVE_NAMES = ("psum", "all_gather", "psum_scatter", "ppermute")
 
 
 # --- notebook 07a: timing collectives, bandwidths, the alpha-beta model ----------------------
 
-def check_collective_inputs(collective, num_devices, num_bytes):
+def _check_collective_inputs(collective, num_devices, num_bytes):
     """Raise a ValueError unless ``collective`` is known, k >= 2 and 4k divides num_bytes."""
     k = num_devices
     if collective not in COLLECTIVE_NAMES or not isinstance(k, int) or k < 2:
-        raise ValueError(f"use one of {list(COLLECTIVE_NAMES)} on num_devices >= 2, got "
+        raise InputError(f"use one of {list(COLLECTIVE_NAMES)} on num_devices >= 2, got "
                          f"{collective!r}, {k!r}")
-    d2l.check_positive(num_bytes=num_bytes)
-    d2l.check_divisible(num_bytes, 4 * k, "num_bytes", f"float32 blocks of {k} devices")
+    check.positive(num_bytes=num_bytes)
+    check.divisible(num_bytes, 4 * k, "num_bytes", f"float32 blocks of {k} devices")
 
 
 def collective_loop(collective, num_devices, num_bytes):
@@ -51,12 +55,12 @@ def collective_loop(collective, num_devices, num_bytes):
     return program, x, calls
 
 
-collective_loop = validated(collective_loop, check_collective_inputs)
+collective_loop = check.validated(collective_loop, _check_collective_inputs)
 
 
-def check_time_collective(collective, num_devices, num_bytes, repeat=5):
+def _check_time_collective(collective, num_devices, num_bytes, repeat=5):
     """Raise a ValueError unless ``repeat`` is a positive number (the rest: collective_loop)."""
-    d2l.check_positive(repeat=repeat)
+    check.positive(repeat=repeat)
 
 
 def time_collective(collective, num_devices, num_bytes, repeat=5):
@@ -66,15 +70,15 @@ def time_collective(collective, num_devices, num_bytes, repeat=5):
                      / calls for i in range(repeat)])
 
 
-time_collective = validated(time_collective, check_time_collective)
+time_collective = check.validated(time_collective, _check_time_collective)
 
 
-def check_bus_bandwidth(collective, num_devices, num_bytes, seconds):
+def _check_bus_bandwidth(collective, num_devices, num_bytes, seconds):
     """Raise a ValueError unless the collective is known and k and the time are > 0."""
     if collective not in COLLECTIVE_NAMES:
-        raise ValueError(f"unknown collective {collective!r}; use one of "
+        raise InputError(f"unknown collective {collective!r}; use one of "
                          f"{list(COLLECTIVE_NAMES)}")
-    d2l.check_positive(num_devices=num_devices, seconds=seconds)
+    check.positive(num_devices=num_devices, seconds=seconds)
 
 
 def bus_bandwidth(collective, num_devices, num_bytes, seconds):
@@ -85,14 +89,14 @@ def bus_bandwidth(collective, num_devices, num_bytes, seconds):
     return num_bytes / seconds, f * num_bytes / seconds
 
 
-bus_bandwidth = validated(bus_bandwidth, check_bus_bandwidth)
+bus_bandwidth = check.validated(bus_bandwidth, _check_bus_bandwidth)
 
 
 def measure_collectives(collectives, device_counts, sizes, repeat=5):
     """Time each collective on each device count at each size: rows with the median, the
     fastest and the slowest sample, and both bandwidths. Smoke switch: the 5 smallest sizes."""
     rows = []
-    sizes = sorted(sizes)[:d2l.shrink(len(sizes), 5)]
+    sizes = sorted(sizes)[:shrink(len(sizes), 5)]
     for collective, k, n in itertools.product(collectives, device_counts, sizes):
         times = time_collective(collective, k, n, repeat)
         t = float(np.median(times))
@@ -102,12 +106,12 @@ def measure_collectives(collectives, device_counts, sizes, repeat=5):
     return rows
 
 
-def check_alpha_beta_inputs(num_bytes, seconds):
+def _check_alpha_beta_inputs(num_bytes, seconds):
     """Raise a ValueError unless each size has a time, all finite and > 0, and two sizes differ."""
     n, t = np.asarray(num_bytes, float), np.asarray(seconds, float)
     if n.ndim != 1 or n.shape != t.shape or len(np.unique(n)) < 2 or not np.all(
             np.isfinite(n * t) & (n > 0) & (t > 0)):
-        raise ValueError(f"need as many times as sizes, at least two different sizes, all finite "
+        raise InputError(f"need as many times as sizes, at least two different sizes, all finite "
                          f"and > 0 (drop failed measurements); got {n.tolist()}, {t.tolist()}")
 
 
@@ -123,15 +127,15 @@ def fit_alpha_beta(num_bytes, seconds):
     return float(alpha), float(beta)
 
 
-fit_alpha_beta = validated(fit_alpha_beta, check_alpha_beta_inputs)
+fit_alpha_beta = check.validated(fit_alpha_beta, _check_alpha_beta_inputs)
 
 
-def check_ring_per_hop(alpha, beta, num_devices):
+def _check_ring_per_hop(alpha, beta, num_devices):
     """Raise a ValueError unless alpha, beta >= 0 and the ring has k >= 2 devices."""
     if not (math.isfinite(alpha) and math.isfinite(beta) and min(alpha, beta) >= 0):
-        raise ValueError(f"alpha and beta must be finite and >= 0, got {alpha}, {beta}")
+        raise InputError(f"alpha and beta must be finite and >= 0, got {alpha}, {beta}")
     if isinstance(num_devices, bool) or not isinstance(num_devices, int) or num_devices < 2:
-        raise ValueError(f"a ring needs num_devices >= 2, got {num_devices!r}")
+        raise InputError(f"a ring needs num_devices >= 2, got {num_devices!r}")
 
 
 def ring_per_hop(alpha, beta, num_devices):
@@ -140,15 +144,15 @@ def ring_per_hop(alpha, beta, num_devices):
     return alpha / (2 * (k - 1)), beta * k / (2 * (k - 1))
 
 
-ring_per_hop = validated(ring_per_hop, check_ring_per_hop)
+ring_per_hop = check.validated(ring_per_hop, _check_ring_per_hop)
 
 
 # --- notebook 07b: the compute of a step, predicting the step --------------------------------
 
-def check_cost_analysis(cost):
+def _check_cost_analysis(cost):
     """Raise a ValueError if the backend's ``cost_analysis()`` gave no FLOP count."""
     if not cost or "flops" not in cost:
-        raise ValueError(f"the {jax.default_backend()} backend reports no cost analysis for "
+        raise InputError(f"the {jax.default_backend()} backend reports no cost analysis for "
                          f"this program; count its FLOPs by hand")
 
 
@@ -167,7 +171,7 @@ def _counted(fn):
     def checked(step, *args):
         if not hasattr(step, "cost_analysis"):
             step = jax.jit(step).lower(*args).compile()
-        check_cost_analysis(step.cost_analysis())
+        _check_cost_analysis(step.cost_analysis())
         return fn(step)
     return checked
 
@@ -179,11 +183,11 @@ def measure_compute(step, make_args, batch_sizes, repeat=5):
     """For each batch size b, compile ``step(*make_args(b))``, time it on one device
     (``d2l.time_call``) and count its cost: one row per size. Smoke switch: the 2 smallest."""
     rows = []
-    for b in sorted(batch_sizes)[:d2l.shrink(len(batch_sizes), 2)]:
-        d2l.check_positive(batch_size=b)
+    for b in sorted(batch_sizes)[:shrink(len(batch_sizes), 2)]:
+        check.positive(batch_size=b)
         args = make_args(b)
         compiled = jax.jit(step).lower(*args).compile()
-        rows.append(dict(batch=b, seconds=d2l.time_call(compiled, *args, repeat=repeat),
+        rows.append(dict(batch=b, seconds=time_call(compiled, *args, repeat=repeat),
                          **step_cost(compiled)))
     return rows
 
@@ -192,23 +196,23 @@ def cpu_time_call(f, *args, repeat=5):
     """CPU seconds (of every thread of this process) and wall-clock seconds per call of
     ``f(*args)``, means over ``repeat`` calls after one that compiles; their ratio is the number
     of cores the calls kept busy (``d2l.shrink`` keeps 2 calls in quick runs)."""
-    d2l.check_positive(repeat=repeat)
+    check.positive(repeat=repeat)
     jax.block_until_ready(f(*args))
-    repeat = d2l.shrink(repeat, 2)
+    repeat = shrink(repeat, 2)
     cpu, wall = time.process_time(), time.perf_counter()
     for _ in range(repeat):
         jax.block_until_ready(f(*args))
     return (time.process_time() - cpu) / repeat, (time.perf_counter() - wall) / repeat
 
 
-def check_step_time_inputs(compute_time, num_devices, grad_bytes, alpha, beta, overlap=False,
+def _check_step_time_inputs(compute_time, num_devices, grad_bytes, alpha, beta, overlap=False,
                            parallelism=None):
     """Raise a ValueError unless k and the parallelism are > 0, the compute time is finite
     and the compute time, gradient bytes, alpha and beta are >= 0."""
-    d2l.check_positive(num_devices=num_devices,
+    check.positive(num_devices=num_devices,
                        parallelism=num_devices if parallelism is None else parallelism)
     if not (math.isfinite(compute_time) and min(compute_time, grad_bytes, alpha, beta) >= 0):
-        raise ValueError(f"compute_time, grad_bytes, alpha and beta must be finite and >= 0, got "
+        raise InputError(f"compute_time, grad_bytes, alpha and beta must be finite and >= 0, got "
                          f"{compute_time}, {grad_bytes}, {alpha}, {beta}")
 
 
@@ -223,7 +227,7 @@ def predict_step_time(compute_time, num_devices, grad_bytes, alpha, beta,
     return compute - backward + max(backward, allreduce)
 
 
-predict_step_time = validated(predict_step_time, check_step_time_inputs)
+predict_step_time = check.validated(predict_step_time, _check_step_time_inputs)
 
 
 # --- a recorded run on an accelerator (docs/benchmarks.md, "One device of each kind") --------

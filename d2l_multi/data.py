@@ -18,6 +18,10 @@ import urllib.request
 
 import numpy as np
 
+from .errors import DataError
+
+from .errors import InputError
+
 DATA_ENV = "D2L_MULTI_DATA"
 _SPLITS = {"train": ("train-images-idx3-ubyte.gz", "train-labels-idx1-ubyte.gz"),
            "test": ("t10k-images-idx3-ubyte.gz", "t10k-labels-idx1-ubyte.gz")}
@@ -65,10 +69,6 @@ SAMPLE_SHA256 = {  # of the decompressed sample files (tools/make_sample_data.py
         "t10k-labels-idx1-ubyte.gz": "2e5d96fa21a97a70e391239479319e3587978aa81a855c2a879c31d76768bcec",
     },
 }
-
-
-class DataError(RuntimeError):
-    """A data file is missing, damaged or not what it claims to be."""
 
 
 def cache_dir():
@@ -191,7 +191,7 @@ def dataset_dir(name="fashion-mnist", data_dir=None, download_missing=True, prog
     """Return the folder holding ``name``'s files: a full local copy; with the smoke switch on
     and no full copy, the shipped sample; else a download."""
     if name not in DATASETS:
-        raise ValueError(f"unknown dataset {name!r}; choose one of {sorted(DATASETS)}")
+        raise InputError(f"unknown dataset {name!r}; choose one of {sorted(DATASETS)}")
     root = find_dataset(name, data_dir)
     if root is not None:
         return root
@@ -262,7 +262,7 @@ def _check_count(name, value, available):
     if value is None:
         return
     if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= available:
-        raise ValueError(f"{name}={value!r}: pass a number of examples from 1 to {available}, "
+        raise InputError(f"{name}={value!r}: pass a number of examples from 1 to {available}, "
                          f"or None for all {available}")
 
 
@@ -281,14 +281,14 @@ class FashionMNIST:
     def __init__(self, batch_size=64, resize=(28, 28), data_dir=None, *,
                  num_train=None, num_val=None, seed=0):
         if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
-            raise ValueError(f"batch_size must be a positive integer, got {batch_size!r}")
+            raise InputError(f"batch_size must be a positive integer, got {batch_size!r}")
         if resize is not None and (
                 len(tuple(resize)) != 2 or any(isinstance(s, bool) or not isinstance(s, int)
                                                or s < 1 for s in resize)):
-            raise ValueError(f"resize={resize!r}: pass (height, width) as two positive "
+            raise InputError(f"resize={resize!r}: pass (height, width) as two positive "
                              f"integers, e.g. (28, 28), or None to keep the original size")
         if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
-            raise ValueError(f"seed must be a non-negative integer, got {seed!r}")
+            raise InputError(f"seed must be a non-negative integer, got {seed!r}")
         raw = load_dataset(self.name, data_dir)
         full = DATASETS[self.name].get("sizes", {})  # the sample may stand in for all of it
         _check_count("num_train", num_train, full.get("train", len(raw["train"][1])))
@@ -317,12 +317,12 @@ class FashionMNIST:
         made for epoch ``k``). ``drop_last``: skip the last incomplete batch."""
         batch_size = self.batch_size if batch_size is None else batch_size
         if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
-            raise ValueError(f"batch_size must be a positive integer, got {batch_size!r}")
+            raise InputError(f"batch_size must be a positive integer, got {batch_size!r}")
         if isinstance(epoch, bool) or not isinstance(epoch, int) or epoch < 0:
-            raise ValueError(f"epoch must be a non-negative integer, got {epoch!r}")
+            raise InputError(f"epoch must be a non-negative integer, got {epoch!r}")
         X, y = self.train if train else self.val
         if drop_last and len(X) < batch_size:
-            raise ValueError(
+            raise InputError(
                 f"the {'training' if train else 'test'} set has {len(X)} examples, fewer than "
                 f"one batch of {batch_size}, so drop_last=True leaves no batch at all; use a "
                 f"batch size of at most {len(X)}, or keep more examples (num_train/num_val)")

@@ -25,8 +25,10 @@ import jax
 import numpy as np
 from jax.sharding import NamedSharding, PartitionSpec as P
 
-import d2l_multi as d2l
-from d2l_multi.utils import validated
+from . import _checks as check
+from .errors import InputError, NoAccessError
+from .hardware import device_mesh, set_cpu_compiler_flags, size_cpu_thread_pool
+
 
 # What the launcher (d2l_multi/launch.py) puts into every worker's environment.
 COORDINATOR_ENV = "D2L_MULTI_COORDINATOR_ADDRESS"
@@ -45,10 +47,10 @@ def _env_int(name, minimum, env):
     try:
         value = int(text)
     except (TypeError, ValueError):
-        raise ValueError(f"{name}={text!r} is not an integer; the launcher sets it "
+        raise InputError(f"{name}={text!r} is not an integer; the launcher sets it "
                          f"(python -m d2l_multi launch ...), so do not edit it by hand") from None
     if value < minimum:
-        raise ValueError(f"{name}={value} must be at least {minimum}")
+        raise InputError(f"{name}={value} must be at least {minimum}")
     return value
 
 
@@ -94,13 +96,13 @@ def launcher_settings(environ=None):
          "secret": env.get(SECRET_ENV, ""),
          "launcher_pid": _env_int(LAUNCHER_PID_ENV, 1, env)}
     if s["process_id"] >= s["num_processes"]:
-        raise ValueError(f"{PROCESS_ID_ENV}={s['process_id']} but the job has only "
+        raise InputError(f"{PROCESS_ID_ENV}={s['process_id']} but the job has only "
                          f"{s['num_processes']} processes (ids 0..{s['num_processes'] - 1})")
     if not re.fullmatch(r"[0-9a-f]{32}", s["secret"]):
-        raise ValueError(f"{SECRET_ENV} is missing or malformed; the launcher sets it "
+        raise InputError(f"{SECRET_ENV} is missing or malformed; the launcher sets it "
                          f"(python -m d2l_multi launch ...), so do not edit it by hand")
     if not _started_by(s["launcher_pid"]):
-        raise ValueError(f"the D2L_MULTI_* settings in the environment come from a launch "
+        raise InputError(f"the D2L_MULTI_* settings in the environment come from a launch "
                          f"(launcher pid {s['launcher_pid']}) that did not start this process; "
                          f"unset them to run alone (unset ${{!D2L_MULTI_@}}), or start the job "
                          f"with python -m d2l_multi launch")
@@ -139,15 +141,15 @@ def detect_cluster(environ=None):
     return "tpu" if environ is None and _on_cloud_tpu_vm() else None
 
 
-def check_devices_per_process(devices_per_process):
+def _check_devices_per_process(devices_per_process):
     """Raise a ValueError unless ``devices_per_process`` is a positive integer or None."""
     if devices_per_process is not None and (type(devices_per_process) is not int
                                             or devices_per_process < 1):
-        raise ValueError(f"devices_per_process must be a positive integer or None, got "
+        raise InputError(f"devices_per_process must be a positive integer or None, got "
                          f"{devices_per_process!r}")
 
 
-def check_device_counts(devices_per_process=None):
+def assert_device_counts(devices_per_process=None):
     """Raise unless every process has ``devices_per_process`` devices (default:
     as many as process 0)."""
     processes, counts = np.unique([d.process_index for d in jax.devices()],
@@ -155,7 +157,7 @@ def check_device_counts(devices_per_process=None):
     expected = devices_per_process or int(counts[0])
     if (counts != expected).any():
         listing = ", ".join(f"process {p}: {n}" for p, n in zip(processes, counts))
-        raise ValueError(
+        raise InputError(
             f"every process should have {expected} device(s), but {listing}. "
             f"JAX needs as many in every process: launch all of them with the "
             f"same --devices-per-process (and as many accelerators each)")
@@ -171,7 +173,7 @@ def _exit_at_once(kind, value, traceback):
 def _check_status(status=0):
     """Raise a ValueError unless ``status`` is an exit status from 0 to 255."""
     if isinstance(status, bool) or not isinstance(status, int) or not 0 <= status <= 255:
-        raise ValueError(f"status must be an exit status from 0 to 255, got {status!r}")
+        raise InputError(f"status must be an exit status from 0 to 255, got {status!r}")
 
 
 def exit_worker(status=0):
@@ -188,7 +190,7 @@ def exit_worker(status=0):
 def _check_timeout(name, value):
     if value is not None and (isinstance(value, bool) or not isinstance(value, int)
                               or value < 1):
-        raise ValueError(f"{name} must be a whole number of seconds >= 1, or None, got "
+        raise InputError(f"{name} must be a whole number of seconds >= 1, or None, got "
                          f"{value!r}")
 
 
@@ -215,7 +217,7 @@ def _port_in_use(address):
         except OSError as e:
             if e.errno != errno.EADDRINUSE:
                 return None  # leave it to JAX
-            return OSError(f"process 0 could not start the coordinator on {address}: that port "
+            return PathError(f"process 0 could not start the coordinator on {address}: that port "
                            f"is in use. Launch again without --port to get a free one")
     return None
 
@@ -238,7 +240,7 @@ def _check_gpu_ids(process_id, devices_per_process, gpus):
     the ``gpus`` present (None or 0: no GPU, nothing to check)."""
     last = (process_id + 1) * devices_per_process
     if gpus and last > gpus:
-        raise ValueError(f"process {process_id} would use GPUs {last - devices_per_process}.."
+        raise InputError(f"process {process_id} would use GPUs {last - devices_per_process}.."
                          f"{last - 1}, but this machine has {gpus} GPU(s): launch at most "
                          f"{gpus} devices in all (--processes x --devices-per-process), or set "
                          f"JAX_PLATFORMS=cpu to simulate CPU devices instead")
@@ -259,7 +261,7 @@ def _check_members(secret):
     shown = multihost_utils.process_allgather(mine)
     for i in range(jax.process_count()):
         if bytes(shown[i]) != _proof(secret, i):
-            raise PermissionError(
+            raise NoAccessError(
                 f"process {i} did not show this launch's secret: a program that this launch "
                 f"did not start joined the job as process {i} (another user's, or one started "
                 f"by hand with copied D2L_MULTI_* settings). Stopping before any data moves")
@@ -283,8 +285,8 @@ def initialize_distributed(heartbeat_timeout=None, collective_timeout=None):
     _check_timeout("collective_timeout", collective_timeout)
     if jax.distributed.is_initialized():  # joined already (a second call)
         return jax.process_index(), jax.process_count()
-    settings = d2l.launcher_settings() or {}
-    if not settings and d2l.detect_cluster() is None:
+    settings = launcher_settings() or {}
+    if not settings and detect_cluster() is None:
         return 0, 1                       # alone: nothing to join
     heartbeat = heartbeat_timeout or settings.get("heartbeat_timeout") or 100  # JAX's default
     collective = collective_timeout or settings.get("collective_timeout")
@@ -293,8 +295,8 @@ def initialize_distributed(heartbeat_timeout=None, collective_timeout=None):
             _bound_cpu_waits(collective)
         if settings:
             jax.config.update("jax_num_cpu_devices", settings["devices_per_process"])
-            d2l.size_cpu_thread_pool(settings["devices_per_process"])  # see simulate_devices
-            d2l.set_cpu_compiler_flags()
+            size_cpu_thread_pool(settings["devices_per_process"])  # see simulate_devices
+            set_cpu_compiler_flags()
         if jax.config.jax_cpu_collectives_implementation is None:
             jax.config.update("jax_cpu_collectives_implementation", "gloo")  # CPU collectives
     except RuntimeError:
@@ -305,7 +307,7 @@ def initialize_distributed(heartbeat_timeout=None, collective_timeout=None):
     sys.excepthook = _exit_at_once        # from now on a failure must not wait for the peers
     if not settings:                      # a cluster: JAX reads its environment itself
         jax.distributed.initialize(**timeouts)
-        d2l.check_device_counts()
+        assert_device_counts()
         return jax.process_index(), jax.process_count()
     k, pid, address = (settings["devices_per_process"], settings["process_id"],
                        settings["coordinator_address"])
@@ -318,24 +320,24 @@ def initialize_distributed(heartbeat_timeout=None, collective_timeout=None):
         local_device_ids=list(range(pid * k, (pid + 1) * k)),  # GPUs p*k..p*k+k-1
         initialization_timeout=60, coordinator_bind_address=address,  # loopback only
         **timeouts)
-    d2l.check_device_counts(k)
+    assert_device_counts(k)
     _check_members(settings["secret"])
     return jax.process_index(), jax.process_count()
 
 
-def check_batch_inputs(X, y, batch_size, seed, epoch):
+def _check_batch_inputs(X, y, batch_size, seed, epoch):
     """Raise a ValueError unless ``process_batches`` can take these arguments."""
-    d2l.check_labels(X, y)
-    d2l.check_positive(batch_size=batch_size)
+    check.labels(X, y)
+    check.positive(batch_size=batch_size)
     for name, value in [("seed", seed), ("epoch", epoch)]:
         if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-            raise ValueError(f"{name} must be a non-negative integer, got {value!r}")
+            raise InputError(f"{name} must be a non-negative integer, got {value!r}")
 
 
 def _check_process_batches(X, y, batch_size, shuffle=False, seed=0, epoch=0):
     """Raise a ValueError unless ``process_batches`` can take these arguments."""
-    d2l.check_batch_inputs(X, y, batch_size, seed, epoch)
-    d2l.check_divisible(batch_size, jax.process_count(), over="processes")
+    _check_batch_inputs(X, y, batch_size, seed, epoch)
+    check.divisible(batch_size, jax.process_count(), over="processes")
 
 
 def process_batches(X, y, batch_size, shuffle=False, seed=0, epoch=0):
@@ -355,13 +357,13 @@ def process_batches(X, y, batch_size, shuffle=False, seed=0, epoch=0):
         yield X[order[rows]], y[order[rows]], weight[rows]
 
 
-def check_mesh_and_arrays(mesh, *local_arrays):
+def _check_mesh_and_arrays(mesh, *local_arrays):
     """Raise a ValueError unless ``mesh`` is a Mesh and ``local_arrays`` holds some arrays."""
     if not isinstance(mesh, jax.sharding.Mesh):
-        raise ValueError(f"mesh must be a jax.sharding.Mesh, e.g. d2l.device_mesh(), got "
+        raise InputError(f"mesh must be a jax.sharding.Mesh, e.g. d2l.device_mesh(), got "
                          f"{type(mesh).__name__}")
     if not local_arrays:
-        raise ValueError("pass the arrays to assemble, e.g. global_batch(mesh, X, y)")
+        raise InputError("pass the arrays to assemble, e.g. global_batch(mesh, X, y)")
 
 
 def global_batch(mesh, *local_arrays):
@@ -372,9 +374,9 @@ def global_batch(mesh, *local_arrays):
                  for a in local_arrays)
 
 
-# The public names check their arguments first (d2l.validated); the chapter shows
+# The public names check their arguments first (check.validated); the chapter shows
 # the functions themselves.
-check_device_counts = validated(check_device_counts, check_devices_per_process)
-exit_worker = validated(exit_worker, _check_status)
-process_batches = validated(process_batches, _check_process_batches)
-global_batch = validated(global_batch, check_mesh_and_arrays)
+assert_device_counts = check.validated(assert_device_counts, _check_devices_per_process)
+exit_worker = check.validated(exit_worker, _check_status)
+process_batches = check.validated(process_batches, _check_process_batches)
+global_batch = check.validated(global_batch, _check_mesh_and_arrays)

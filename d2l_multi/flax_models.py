@@ -21,9 +21,10 @@ from flax.training import train_state
 from jax import lax
 from jax.sharding import AxisType, NamedSharding, PartitionSpec as P
 
-import d2l_multi as d2l
-
-from .utils import validated
+from . import _checks as check
+from ._earlier import flax_models as d2l
+from .errors import InputError
+from .hardware import devices
 
 
 # ----- Modern: Flax NNX, nnx.jit and shardings -----
@@ -99,14 +100,14 @@ def train_nnx(model, data, num_devices, lr, num_epochs):
     return history
 
 
-def check_train_nnx(model, data, num_devices, lr, num_epochs):
+def _check_train_nnx(model, data, num_devices, lr, num_epochs):
     """Raise a ValueError for a bad setting of ``train_nnx``, naming the fix."""
-    d2l.check_positive(lr=lr, num_epochs=num_epochs)
-    d2l.devices(num_devices)  # that many devices exist
+    check.positive(lr=lr, num_epochs=num_epochs)
+    devices(num_devices)  # that many devices exist
     batch = getattr(data, "batch_size", None)  # no training pass is spent on a check
     if batch is None:
         batch = len(next(iter(data.get_dataloader(train=False)))[0])
-    d2l.check_divisible(batch, num_devices)
+    check.divisible(batch, num_devices)
 
 
 # ----- Classic: Flax Linen, TrainState and pmap -----
@@ -154,11 +155,11 @@ def update_model(state, grads):
     return state.apply_gradients(grads=grads)
 
 
-def check_linen_layers(params, names):
+def _check_linen_layers(params, names):
     """Raise a ValueError naming the layers among ``names`` that Linen's ``params`` lacks."""
     missing = sorted(set(names) - set(params))
     if missing:
-        raise ValueError(f"params has no layers {missing} (it has {sorted(params)}); pass "
+        raise InputError(f"params has no layers {missing} (it has {sorted(params)}); pass "
                          f"LinenCNN's parameters, e.g. create_train_state(...).params")
 
 
@@ -171,9 +172,9 @@ def cnn_from_linen(params):
     return model
 
 
-def check_cnn_from_linen(params):
+def _check_cnn_from_linen(params):
     """Raise a ValueError unless ``params`` has the layers of ``LinenCNN``."""
-    check_linen_layers(params, ("Conv_0", "Conv_1", "Dense_0", "Dense_1"))
+    _check_linen_layers(params, ("Conv_0", "Conv_1", "Dense_0", "Dense_1"))
 
 
 @jax.jit
@@ -185,8 +186,8 @@ def jit_train_step(state, images, labels):
     return state.apply_gradients(grads=grads), loss, accuracy
 
 
-train_nnx = validated(train_nnx, check_train_nnx)
-cnn_from_linen = validated(cnn_from_linen, check_cnn_from_linen)
+train_nnx = check.validated(train_nnx, _check_train_nnx)
+cnn_from_linen = check.validated(cnn_from_linen, _check_cnn_from_linen)
 
 
 # ----- d2l's ResNet-18 in NNX (notebook 05c) -----
@@ -215,12 +216,12 @@ class Residual(nnx.Module):
         return nnx.relu(y + x)
 
 
-def check_arch(arch):
+def _check_arch(arch):
     """Raise a ValueError unless ``arch`` is one or more positive ``(num_residuals, channels)``."""
     if not arch:
-        raise ValueError("arch is empty: give one (num_residuals, channels) per stage")
+        raise InputError("arch is empty: give one (num_residuals, channels) per stage")
     for num_residuals, num_channels in arch:
-        d2l.check_positive(num_residuals=num_residuals, num_channels=num_channels)
+        check.positive(num_residuals=num_residuals, num_channels=num_channels)
 
 
 class ResNet(nnx.Module):
@@ -255,7 +256,7 @@ def ResNet18(num_classes=10, width=64, *, rngs):
     return ResNet(arch, num_classes, rngs=rngs)
 
 
-ResNet = validated(ResNet, lambda arch, *args, **kwargs: check_arch(arch))
+ResNet = check.validated(ResNet, lambda arch, *args, **kwargs: _check_arch(arch))
 
 
 # ----- Classic: ResNet-18 in Linen (for notebooks that use Linen's init/apply) -----
@@ -304,5 +305,5 @@ class LinenResNet(nn.Module):
 def LinenResNet18(num_classes=10, width=64, axis_name=None):
     """``ResNet18`` in Linen: four stages of two residual blocks, ``width`` to 8 x ``width``
     channels; its variables come from ``init`` (``params`` and ``batch_stats``)."""
-    d2l.check_positive(num_classes=num_classes, width=width)
+    check.positive(num_classes=num_classes, width=width)
     return LinenResNet(tuple((2, width * 2 ** i) for i in range(4)), num_classes, axis_name)

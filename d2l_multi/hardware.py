@@ -6,6 +6,8 @@ reader can import ``d2l_multi`` and still choose how many devices to simulate.
 import math
 import os
 
+from .errors import InputError
+
 _choice = None  # (devices, reason), decided once per process by ``devices()``
 
 
@@ -21,7 +23,7 @@ def simulate_devices(n=8):
     the accelerators when there are at least ``max(2, n)``, otherwise the ``n`` CPU devices.
     """
     if isinstance(n, bool) or not isinstance(n, int) or n < 1:
-        raise ValueError(f"simulate_devices needs a positive integer, got {n!r}")
+        raise InputError(f"simulate_devices needs a positive integer, got {n!r}")
     jax = _jax()
     try:
         jax.config.update("jax_num_cpu_devices", n)
@@ -180,13 +182,13 @@ def devices(n=None):
     if n is None:
         return list(devs)
     if isinstance(n, bool) or not isinstance(n, int) or n < 1:
-        raise ValueError(f"the number of devices must be a positive integer, got {n!r}")
+        raise InputError(f"the number of devices must be a positive integer, got {n!r}")
     if n > len(devs):
         kind = devs[0].platform.upper()
         hint = (f"Simulate more CPU devices: restart Python and call "
                 f"d2l_multi.simulate_devices({n}) first (or set JAX_NUM_CPU_DEVICES={n})."
                 if kind == "CPU" else "Use at most that many.")
-        raise ValueError(f"asked for {n} devices but JAX sees only {len(devs)} {kind} "
+        raise InputError(f"asked for {n} devices but JAX sees only {len(devs)} {kind} "
                          f"device(s). {hint}")
     return list(devs[:n])
 
@@ -227,11 +229,11 @@ def device_mesh(shape=(-1,), axis_names=None, devices=None):
         axis_names = ("data", "model")[:len(shape)] if len(shape) <= 2 else ()
     axis_names = tuple(axis_names)
     if len(shape) != len(axis_names):
-        raise ValueError(f"mesh shape {shape} has {len(shape)} axes but axis_names "
+        raise InputError(f"mesh shape {shape} has {len(shape)} axes but axis_names "
                          f"{axis_names} has {len(axis_names)}; give one size per name")
     if any(isinstance(s, bool) or not isinstance(s, int) or (s < 1 and s != -1)
            for s in shape) or shape.count(-1) > 1:
-        raise ValueError(f"mesh shape {shape}: sizes must be positive integers, with at most "
+        raise InputError(f"mesh shape {shape}: sizes must be positive integers, with at most "
                          f"one -1 (the remaining devices), e.g. (8,) or (2, -1)")
     if devices is None:
         devices = _first_devices(None if -1 in shape else math.prod(shape))
@@ -242,7 +244,7 @@ def device_mesh(shape=(-1,), axis_names=None, devices=None):
     if -1 in shape or math.prod(shape) != n:
         need = f"a multiple of {known}" if -1 in shape else math.prod(shape)
         examples = ", ".join(str((a, n // a)) for a in range(1, n + 1) if n % a == 0)
-        raise ValueError(
+        raise InputError(
             f"a mesh of shape {shape} needs {need} devices but there are {n}; choose axis "
             f"sizes whose product is {n}, e.g. {examples}, or write -1 for one axis to give "
             f"it the remaining devices, e.g. (2, -1)")

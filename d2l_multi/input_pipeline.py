@@ -1,12 +1,11 @@
 """Input pipelines with Grain's dataset API: an array data source, a shuffled, batched,
 per-process sharded pipeline whose position (the iterator state) can be saved and restored with
 a checkpoint, and whose state says which pipeline it belongs to. The public names check their
-arguments first (``d2l.validated``)."""
+arguments first (``check.validated``)."""
 import grain
 
-import d2l_multi as d2l
-
-from .utils import validated
+from . import _checks as check
+from .errors import InputError
 
 
 class ArraySource:
@@ -27,10 +26,10 @@ class ArraySource:
 
 
 def _check_source(self, X, y):
-    d2l.check_labels(X, y)
+    check.labels(X, y)
 
 
-ArraySource.__init__ = validated(ArraySource.__init__, _check_source)
+ArraySource.__init__ = check.validated(ArraySource.__init__, _check_source)
 
 
 class CheckedIterator(grain.DatasetIterator):
@@ -66,18 +65,18 @@ class CheckedPipeline(grain.IterDataset):
         return CheckedIterator(self._parent.__iter__(), self.description)
 
 
-def check_loader_inputs(num_records, count, batch_size, seed, num_epochs):
+def _check_loader_inputs(num_records, count, batch_size, seed, num_epochs):
     """Raise a ValueError unless ``batch_size``, ``seed`` and ``num_epochs`` suit a shard."""
     per_shard = num_records // count
     if isinstance(batch_size, bool) or not isinstance(batch_size, int) or not (
             1 <= batch_size <= per_shard):
-        raise ValueError(f"batch_size={batch_size!r}, but this process's shard holds {per_shard} "
+        raise InputError(f"batch_size={batch_size!r}, but this process's shard holds {per_shard} "
                          f"records ({num_records} records / {count} shards); pass an integer "
                          f"from 1 to {per_shard}")
     if isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed < 2**32:
-        raise ValueError(f"seed must be an integer from 0 to 2**32 - 1, got {seed!r}")
+        raise InputError(f"seed must be an integer from 0 to 2**32 - 1, got {seed!r}")
     if num_epochs is not None:
-        d2l.check_positive(num_epochs=num_epochs)
+        check.positive(num_epochs=num_epochs)
 
 
 def grain_loader(source, batch_size, seed=0, num_epochs=None,
@@ -98,13 +97,13 @@ def grain_loader(source, batch_size, seed=0, num_epochs=None,
                                      f"of {count}, batch_size={batch_size}")
 
 
-def check_grain_loader(source, batch_size, seed=0, num_epochs=None,
+def _check_grain_loader(source, batch_size, seed=0, num_epochs=None,
                        shard_options=None):
     """Raise a ValueError unless the arguments make a pipeline."""
     if shard_options is None:
         shard_options = grain.sharding.ShardByJaxProcess(drop_remainder=True)
-    d2l.check_loader_inputs(len(source), shard_options.shard_count, batch_size,
+    _check_loader_inputs(len(source), shard_options.shard_count, batch_size,
                             seed, num_epochs)
 
 
-grain_loader = validated(grain_loader, check_grain_loader)
+grain_loader = check.validated(grain_loader, _check_grain_loader)

@@ -11,9 +11,10 @@ import jax.ad_checkpoint
 import jax.numpy as jnp
 from flax import nnx
 
-import d2l_multi as d2l
 from .transformer import TransformerLM, lm_loss
-from .utils import validated
+
+from . import _checks as check
+from .errors import InputError
 
 OPTIMIZER_STATE_COPIES = {"sgd": 0, "momentum": 1, "adam": 2}  # per parameter
 
@@ -34,24 +35,24 @@ def training_memory(num_params, activation_bytes=0, optimizer="adam",
     return {**memory, "total": sum(memory.values())}
 
 
-def check_training_memory(num_params, activation_bytes=0, optimizer="adam",
+def _check_training_memory(num_params, activation_bytes=0, optimizer="adam",
                           param_shards=1, batch_shards=1, bytes_per_value=4):
     """Raise a ValueError unless ``optimizer`` is in ``OPTIMIZER_STATE_COPIES``,
     the sizes are > 0 and the activations >= 0 (``training_memory``'s
     arguments)."""
     if optimizer not in OPTIMIZER_STATE_COPIES:
-        raise ValueError(f"unknown optimizer {optimizer!r}; use one of "
+        raise InputError(f"unknown optimizer {optimizer!r}; use one of "
                          f"{sorted(OPTIMIZER_STATE_COPIES)} or add it to "
                          f"OPTIMIZER_STATE_COPIES")
-    d2l.check_positive(num_params=num_params, param_shards=param_shards,
+    check.positive(num_params=num_params, param_shards=param_shards,
                        batch_shards=batch_shards,
                        bytes_per_value=bytes_per_value)
     if not activation_bytes >= 0:
-        raise ValueError(f"activation_bytes must be a number >= 0, "
+        raise InputError(f"activation_bytes must be a number >= 0, "
                          f"got {activation_bytes!r}")
 
 
-training_memory = validated(training_memory, check_training_memory)
+training_memory = check.validated(training_memory, _check_training_memory)
 
 
 def saved_activation_bytes(f, *args):
@@ -90,11 +91,11 @@ def transformer_footprint(num_layers, d_model, num_heads, seq_len, batch_size,
     return params1 + (num_layers - 1) * (params2 - params1), activations
 
 
-def check_transformer_footprint(num_layers, d_model, num_heads, seq_len,
+def _check_transformer_footprint(num_layers, d_model, num_heads, seq_len,
                                 batch_size, vocab_size, remat=False):
     """Raise a ValueError unless the layers and the batch size are > 0."""
-    d2l.check_positive(num_layers=num_layers, batch_size=batch_size)
+    check.positive(num_layers=num_layers, batch_size=batch_size)
 
 
-transformer_footprint = validated(transformer_footprint,
-                                  check_transformer_footprint)
+transformer_footprint = check.validated(transformer_footprint,
+                                  _check_transformer_footprint)

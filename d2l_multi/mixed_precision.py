@@ -14,8 +14,13 @@ import numpy as np
 import optax
 from jax.flatten_util import ravel_pytree
 
-import d2l_multi as d2l
-from .utils import validated
+from . import _checks as check
+from ._earlier import mixed_precision as d2l
+from .errors import InputError
+from .concise import shard, shard_batch
+from .models import num_correct
+from .utils import Accumulator
+
 
 HLO_BYTES = {"pred": 1, "s8": 1, "u8": 1, "f16": 2, "bf16": 2, "s16": 2,
              "u16": 2, "f32": 4, "s32": 4, "u32": 4, "f64": 8, "s64": 8,
@@ -63,19 +68,19 @@ def allreduce_bytes(hlo_text):
 def train_sharded(train_step, params, optimizer, data, mesh, num_epochs):
     """Train data parallel on ``mesh``; return the parameters and the test
     accuracy of their float32 values after each epoch."""
-    params = d2l.shard(params, mesh)
-    opt_state = d2l.shard(optimizer.init(params), mesh)
+    params = shard(params, mesh)
+    opt_state = shard(optimizer.init(params), mesh)
     train_iter = data.get_dataloader(train=True, drop_last=True)
     accuracies = []
     for epoch in range(num_epochs):
         for X, y in train_iter:
             params, opt_state, _ = train_step(
-                params, opt_state, *d2l.shard_batch(X, y, mesh))
-        correct = d2l.Accumulator(2)  # correct predictions, examples
+                params, opt_state, *shard_batch(X, y, mesh))
+        correct = Accumulator(2)  # correct predictions, examples
         params32 = optax.tree.cast(params, jnp.float32)
         for X, y in data.get_dataloader(train=False):
-            Xs, ys = d2l.shard_batch(X, y, mesh)
-            correct.add(d2l.num_correct(params32, Xs, ys), len(y))
+            Xs, ys = shard_batch(X, y, mesh)
+            correct.add(num_correct(params32, Xs, ys), len(y))
         accuracies.append(correct[0] / correct[1])
     return params, accuracies
 
@@ -90,7 +95,7 @@ def partitioned_hlo(lowered):
     keeps JAX's persistent compilation cache from answering in the compiler's
     place: the dump options are not part of the cache's key."""
     if not isinstance(lowered, jax.stages.Lowered):
-        raise TypeError(f"partitioned_hlo reads a lowered program, not a "
+        raise InputError(f"partitioned_hlo reads a lowered program, not a "
                         f"{type(lowered).__name__}; pass "
                         f"jax.jit(f).lower(*args)")
     with tempfile.TemporaryDirectory(prefix="d2l_hlo_") as folder:
@@ -104,58 +109,58 @@ def partitioned_hlo(lowered):
         return pathlib.Path(files[-1]).read_text()
 
 
-def check_allreduce_bytes(hlo_text):
+def _check_allreduce_bytes(hlo_text):
     """Raise a TypeError unless ``hlo_text`` is HLO text (a string)."""
     if not isinstance(hlo_text, str):
-        raise TypeError(f"allreduce_bytes reads HLO text, not a "
+        raise InputError(f"allreduce_bytes reads HLO text, not a "
                         f"{type(hlo_text).__name__}; pass "
                         f"f.lower(*args).compile().as_text()")
 
 
-def check_lost_updates(params, updates, dtype):
+def _check_lost_updates(params, updates, dtype):
     """Refuse updates shaped unlike the parameters, or a dtype that is not a
     floating-point type."""
     if jax.tree.structure(params) != jax.tree.structure(updates):
-        raise ValueError("updates must have the structure of params (one "
+        raise InputError("updates must have the structure of params (one "
                          "update per parameter array)")
-    check_float_dtype(dtype, "dtype")
+    _check_float_dtype(dtype, "dtype")
 
 
-def check_float_dtype(dtype, name="compute_dtype"):
+def _check_float_dtype(dtype, name="compute_dtype"):
     """Raise a ValueError unless ``dtype`` is a floating-point type."""
     try:
         floating = jnp.issubdtype(np.dtype(dtype), jnp.floating)
     except TypeError:
         floating = False
     if not floating:
-        raise ValueError(f"{name} must be a floating-point type such as "
+        raise InputError(f"{name} must be a floating-point type such as "
                          f"jnp.bfloat16, got {dtype!r}")
 
 
-def check_mixed_step(optimizer, loss, compute_dtype=jnp.bfloat16):
+def _check_mixed_step(optimizer, loss, compute_dtype=jnp.bfloat16):
     """Refuse a step without an optax optimizer, a loss function or a
     floating-point compute dtype."""
-    d2l.check_step_optimizer(optimizer)
+    check.optimizer(optimizer)
     if not callable(loss):
-        raise TypeError(f"loss must be a function loss(params, X, y), got "
+        raise InputError(f"loss must be a function loss(params, X, y), got "
                         f"{loss!r}")
-    check_float_dtype(compute_dtype)
+    _check_float_dtype(compute_dtype)
 
 
-def check_train_sharded(train_step, params, optimizer, data, mesh,
+def _check_train_sharded(train_step, params, optimizer, data, mesh,
                         num_epochs):
     """Refuse a non-positive epoch count, or batches (training or test) that
     do not split evenly over the devices of ``mesh``."""
-    d2l.check_positive(num_epochs=num_epochs)
-    d2l.check_step_optimizer(optimizer)
-    d2l.check_divisible(data.batch_size, mesh.size)
+    check.positive(num_epochs=num_epochs)
+    check.optimizer(optimizer)
+    check.divisible(data.batch_size, mesh.size)
     last = len(data.val[1]) % data.batch_size  # a smaller last test batch
-    d2l.check_divisible(last or data.batch_size, mesh.size,
+    check.divisible(last or data.batch_size, mesh.size,
                         "the last test batch: size")
 
 
-lost_updates = validated(lost_updates, check_lost_updates)
-make_mixed_precision_step = validated(make_mixed_precision_step,
-                                      check_mixed_step)
-allreduce_bytes = validated(allreduce_bytes, check_allreduce_bytes)
-train_sharded = validated(train_sharded, check_train_sharded)
+lost_updates = check.validated(lost_updates, _check_lost_updates)
+make_mixed_precision_step = check.validated(make_mixed_precision_step,
+                                      _check_mixed_step)
+allreduce_bytes = check.validated(allreduce_bytes, _check_allreduce_bytes)
+train_sharded = check.validated(train_sharded, _check_train_sharded)

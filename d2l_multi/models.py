@@ -10,7 +10,8 @@ import jax.numpy as jnp
 import optax
 from jax import lax
 
-import d2l_multi as d2l
+from . import _checks as check
+from ._earlier import models as d2l
 
 
 def init_lenet_params(key):
@@ -63,11 +64,10 @@ def loss_fn(params, X, y):
 
 
 def _check_loss_inputs(params, X, y):
-    d2l.check_labels(X, y, num_classes=jnp.shape(jax.tree.leaves(params)[-1])[-1])
+    check.labels(X, y, num_classes=jnp.shape(jax.tree.leaves(params)[-1])[-1])
 
 
-loss_fn = d2l.validated(loss_fn, _check_loss_inputs)
-
+loss_fn = check.validated(loss_fn, _check_loss_inputs)
 
 
 @jax.jit

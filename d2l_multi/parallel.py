@@ -7,35 +7,9 @@ import jax
 import numpy as np
 from jax import lax
 
-import d2l_multi as d2l
-from .utils import validated
-
-
-def check_divisible(size, parts, what="batch size", over="devices"):
-    """Raise a ValueError naming the nearest good sizes unless ``size`` splits into ``parts``."""
-    if isinstance(parts, bool) or not isinstance(parts, int) or parts < 1:
-        raise ValueError(f"the number of {over} must be a positive integer, got {parts!r}")
-    if size % parts:
-        lower = size - size % parts
-        options = " or ".join(str(s) for s in (lower, lower + parts) if s > 0)
-        raise ValueError(f"{what} {size} does not divide evenly over {parts} {over}; "
-                         f"use a multiple of {parts}, e.g. {options}")
-
-
-def check_labels(X, y, num_classes=None):
-    """Raise a ValueError unless ``y`` holds one label per example of ``X``, and (labels held
-    in a NumPy array) each a class index from 0 (below ``num_classes`` if given): JAX takes
-    an index out of range for another class without a word."""
-    if len(X) != len(y):
-        raise ValueError(f"X has {len(X)} examples but y has {len(y)} labels; pass one "
-                         f"label per example")
-    if not (isinstance(y, np.ndarray) and y.size and np.issubdtype(y.dtype, np.number)):
-        return
-    low, high = y.min(), y.max()
-    if low < 0 or (num_classes is not None and high >= num_classes):
-        valid = "0 up" if num_classes is None else f"0 to {num_classes - 1}"
-        raise ValueError(f"y holds the label {low if low < 0 else high}, but labels are class "
-                         f"indices from {valid}; JAX would take it for another class")
+from . import _checks as check
+from .errors import DivergedError
+from ._earlier import parallel as d2l
 
 
 def split_batch(X, y, num_devices):
@@ -62,10 +36,10 @@ def train_batch(params, X, y, num_devices, lr):
     return pmap_sgd_step(params, X_shards, y_shards, lr)
 
 
-def check_finite_loss(loss, epoch, lr, batch_size):
-    """Raise a FloatingPointError suggesting a smaller ``lr`` unless ``loss`` is finite."""
+def _check_finite_loss(loss, epoch, lr, batch_size):
+    """Raise a DivergedError suggesting a smaller ``lr`` unless ``loss`` is finite."""
     if not math.isfinite(loss):
-        raise FloatingPointError(f"the loss became {loss} in epoch {epoch} with lr={lr:g}, "
+        raise DivergedError(f"the loss became {loss} in epoch {epoch} with lr={lr:g}, "
                                  f"too large for batch {batch_size}: lower lr by factors of "
                                  f"10 until the loss stays finite")
 
@@ -97,29 +71,29 @@ def train(num_devices, batch_size, lr, num_epochs=10, data=None):
 
 # The checks around the functions above, which the chapter shows without them.
 
-def check_split_batch(X, y, num_devices):
+def _check_split_batch(X, y, num_devices):
     """Refuse labels that do not match ``X`` and a batch that does not divide."""
-    check_labels(X, y)
-    check_divisible(len(X), num_devices)
+    check.labels(X, y)
+    check.divisible(len(X), num_devices)
 
 
-def check_train(num_devices, batch_size, lr, num_epochs=10, data=None):
+def _check_train(num_devices, batch_size, lr, num_epochs=10, data=None):
     """Refuse a batch that does not divide, a bad ``lr`` or number of epochs."""
-    check_divisible(batch_size, num_devices)
-    d2l.check_positive(lr=lr, num_epochs=num_epochs)
+    check.divisible(batch_size, num_devices)
+    check.positive(lr=lr, num_epochs=num_epochs)
 
 
 def _stops_on_divergence(train):
-    """``train`` that raises a FloatingPointError naming the first epoch whose loss is not
+    """``train`` that raises a DivergedError naming the first epoch whose loss is not
     finite (a learning rate too large for the batch)."""
     @functools.wraps(train)
     def checked(num_devices, batch_size, lr, num_epochs=10, data=None):
         params, history, animator = train(num_devices, batch_size, lr, num_epochs, data)
         for record in history:
-            check_finite_loss(record["loss"], record["epoch"], lr, batch_size)
+            _check_finite_loss(record["loss"], record["epoch"], lr, batch_size)
         return params, history, animator
     return checked
 
 
-split_batch = validated(split_batch, check_split_batch)
-train = validated(_stops_on_divergence(train), check_train)
+split_batch = check.validated(split_batch, _check_split_batch)
+train = check.validated(_stops_on_divergence(train), _check_train)

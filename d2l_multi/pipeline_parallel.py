@@ -8,7 +8,8 @@ import numpy as np
 from jax import lax
 from jax.sharding import PartitionSpec as P
 
-from .utils import check_positive, validated
+from . import _checks as check
+from .errors import InputError
 
 
 def bubble_fraction(num_stages, num_micro):
@@ -160,7 +161,7 @@ def _check_pass(op, where):
           and isinstance(op[1], (int, np.integer)) and not isinstance(op[1], bool)
           and op[1] >= 0)
     if not ok:
-        raise ValueError(f"{where} is {op!r}; a pass is ('F', j) or ('B', j) for a "
+        raise InputError(f"{where} is {op!r}; a pass is ('F', j) or ('B', j) for a "
                          f"micro-batch j >= 0")
 
 
@@ -168,18 +169,18 @@ def _check_passes(columns):
     """Each stage runs the forward and the backward of every micro-batch once, each kind in
     increasing micro-batch order (a stage reuses the buffer of micro-batch j - capacity)."""
     if not columns:
-        raise ValueError("a pipeline needs at least one stage")
+        raise InputError("a pipeline needs at least one stage")
     m = 1 + max((op[1] for passes in columns for op in passes), default=-1)
     for s, passes in enumerate(columns):
         for kind, name in (("F", "forwards"), ("B", "backwards")):
             js = [j for k, j in passes if k == kind]
             if js != list(range(m)):
-                raise ValueError(f"stage {s} runs the {name} of micro-batches {js}; each "
+                raise InputError(f"stage {s} runs the {name} of micro-batches {js}; each "
                                  f"stage runs those of 0, ..., {m - 1} once, in this order")
         order = {op: i for i, op in enumerate(passes)}
         late = [j for j in range(m) if order[("B", j)] < order[("F", j)]]
         if late:
-            raise ValueError(f"stage {s} runs the backward of micro-batch {late[0]} before "
+            raise InputError(f"stage {s} runs the backward of micro-batch {late[0]} before "
                              f"its forward; put ('F', {late[0]}) first")
 
 
@@ -189,12 +190,12 @@ def _needs(s, kind, j, num_stages):
     return (s, "F", j) if s == num_stages - 1 else (s + 1, "B", j)
 
 
-def check_orders(orders):
+def _check_orders(orders):
     """Raise a ValueError unless ``orders`` (one list of passes per stage) can run: every
     pass once, in increasing micro-batch order, and no stage waiting forever."""
     if not isinstance(orders, (list, tuple)) or not all(
             isinstance(passes, (list, tuple)) for passes in orders):
-        raise ValueError(f"orders must be one list of passes per stage, got {orders!r}")
+        raise InputError(f"orders must be one list of passes per stage, got {orders!r}")
     for s, passes in enumerate(orders):
         for i, op in enumerate(passes):
             _check_pass(op, f"pass {i} of stage {s}")
@@ -214,21 +215,21 @@ def check_orders(orders):
         if not progress:
             stuck = {s: orders[s][position[s]] for s in range(p)
                      if position[s] < len(orders[s])}
-            raise ValueError(f"these orders wait forever: the next passes {stuck} (stage: "
+            raise InputError(f"these orders wait forever: the next passes {stuck} (stage: "
                              f"pass) each wait for another; reorder them")
 
 
-def check_table(table):
+def _check_table(table):
     """Raise a ValueError unless ``table`` is a schedule a pipelined step can execute: a tuple
     of slots, each a tuple with one pass or None per stage, every pass once and after the
     pass it needs (as ``pipeline_schedule`` makes)."""
     if (not isinstance(table, tuple) or not table
             or not all(isinstance(row, tuple) for row in table)):
-        raise ValueError("table must be a non-empty tuple of time slots, each a tuple of one "
+        raise InputError("table must be a non-empty tuple of time slots, each a tuple of one "
                          "entry per stage; make it with pipeline_schedule(orders)")
     p = len(table[0])
     if p == 0 or any(len(row) != p for row in table):
-        raise ValueError(f"the slots of table have {sorted({len(row) for row in table})} "
+        raise InputError(f"the slots of table have {sorted({len(row) for row in table})} "
                          f"entries; every slot needs one entry per stage")
     when = {}
     for t, row in enumerate(table):
@@ -240,60 +241,59 @@ def check_table(table):
     for (s, kind, j), t in sorted(when.items(), key=lambda item: item[1]):
         need = _needs(s, kind, j, p)
         if need is not None and when[need] >= t:
-            raise ValueError(f"slot {t} runs {kind}{j} on stage {s} before {need[1]}{need[2]} "
+            raise InputError(f"slot {t} runs {kind}{j} on stage {s} before {need[1]}{need[2]} "
                              f"on stage {need[0]} has finished; make the table with "
                              f"pipeline_schedule(orders)")
         if kind == "B" and s < p - 1 and when[need] != t - 1:
-            raise ValueError(f"slot {t} runs B{j} on stage {s}, not in the slot after B{j} on "
+            raise InputError(f"slot {t} runs B{j} on stage {s}, not in the slot after B{j} on "
                              f"stage {s + 1} (slot {when[need]}); a stage keeps no gradient "
                              f"waiting, so run each backward as soon as its gradient arrives")
 
 
-def check_kinds(kinds):
+def _check_kinds(kinds):
     """Raise a ValueError unless ``kinds`` is a 2-D array of IDLE, FORWARD and BACKWARD."""
     kinds = np.asarray(kinds)
     if kinds.ndim != 2 or not np.isin(kinds, (IDLE, FORWARD, BACKWARD)).all():
-        raise ValueError(f"kinds must be a 2-D array (slots x stages) of {IDLE} (idle), "
+        raise InputError(f"kinds must be a 2-D array (slots x stages) of {IDLE} (idle), "
                          f"{FORWARD} (forward) and {BACKWARD} (backward), got shape "
                          f"{kinds.shape} with values {np.unique(kinds)[:5].tolist()}")
 
 
-def check_pipeline_step(params, X, Y, mesh, table):
+def _check_pipeline_step(params, X, Y, mesh, table):
     """Raise a ValueError naming the mismatch between the mesh, the table, the parameters
     and the batch of a pipelined step."""
-    from .parallel import check_divisible, check_labels
-    check_table(table)
+    _check_table(table)
     p, m = len(table[0]), 1 + max(op[1] for row in table for op in row if op)
     if tuple(mesh.axis_names) != ("stage",):
-        raise ValueError(f"the mesh has axes {tuple(mesh.axis_names)}; pipeline_step needs a "
+        raise InputError(f"the mesh has axes {tuple(mesh.axis_names)}; pipeline_step needs a "
                          f"1-D mesh with axis 'stage', e.g. jax.make_mesh(({p},), ('stage',))")
     if mesh.shape["stage"] != p:
-        raise ValueError(f"the table has {p} stages but the mesh's 'stage' axis has "
+        raise InputError(f"the table has {p} stages but the mesh's 'stage' axis has "
                          f"{mesh.shape['stage']} devices; make the schedule for "
                          f"{mesh.shape['stage']} stages or a mesh of {p}")
     blocks = sorted({np.shape(leaf)[0] if np.ndim(leaf) else 0
                      for leaf in jax.tree.leaves(params)})
     if len(blocks) != 1 or blocks[0] % p:
-        raise ValueError(f"the leading axes of params hold {blocks} blocks, which do not "
+        raise InputError(f"the leading axes of params hold {blocks} blocks, which do not "
                          f"split into {p} stages; stack all blocks along one leading axis "
                          f"whose size is a multiple of {p}")
     explicit = any(t == jax.sharding.AxisType.Explicit for t in mesh.axis_types)
     for leaf in jax.tree.leaves(params):
         spec = getattr(getattr(leaf, "sharding", None), "spec", None)
         if explicit and (not spec or spec[0] != "stage"):
-            raise ValueError("params are not split over the mesh's 'stage' axis; place them "
+            raise InputError("params are not split over the mesh's 'stage' axis; place them "
                              "with jax.device_put(params, NamedSharding(mesh, P('stage')))")
-    check_labels(X, Y)
-    check_divisible(len(X), m, what="batch size", over="micro-batches")
+    check.labels(X, Y)
+    check.divisible(len(X), m, what="batch size", over="micro-batches")
 
 
-bubble_fraction = validated(bubble_fraction, lambda num_stages, num_micro: check_positive(
+bubble_fraction = check.validated(bubble_fraction, lambda num_stages, num_micro: check.positive(
     num_stages=num_stages, num_micro=num_micro))
-gpipe_order = validated(gpipe_order, lambda num_stages, num_micro: check_positive(
+gpipe_order = check.validated(gpipe_order, lambda num_stages, num_micro: check.positive(
     num_stages=num_stages, num_micro=num_micro))
-one_f_one_b_order = validated(one_f_one_b_order, lambda num_stages, num_micro: check_positive(
+one_f_one_b_order = check.validated(one_f_one_b_order, lambda num_stages, num_micro: check.positive(
     num_stages=num_stages, num_micro=num_micro))
-pipeline_schedule = validated(pipeline_schedule, check_orders)
-show_schedule = validated(show_schedule, check_table)
-in_flight = validated(in_flight, check_kinds)
-pipeline_step = validated(pipeline_step, check_pipeline_step)
+pipeline_schedule = check.validated(pipeline_schedule, _check_orders)
+show_schedule = check.validated(show_schedule, _check_table)
+in_flight = check.validated(in_flight, _check_kinds)
+pipeline_step = check.validated(pipeline_step, _check_pipeline_step)

@@ -4,8 +4,11 @@ and its ``-done``) with the computation scheduled between them, and how far
 each collective sits from its first user."""
 import re
 
-import d2l_multi as d2l
-from .utils import validated
+from . import _checks as check
+from ._earlier import schedule as d2l
+from .errors import InputError
+from .concise import COLLECTIVES
+
 
 INSTRUCTION = re.compile(r"\s*(?:ROOT\s+)?%?([\w.-]+) = .*? ([a-z][\w-]*)\(")
 PLUMBING = {"parameter", "constant", "get-tuple-element", "tuple", "bitcast",
@@ -81,7 +84,7 @@ def plot_schedule(schedule, figsize=(7, 2.8)):
                 color="#DD8452" if "reduce" in opcode else "#4C72B0")
     compute = [i for i, (_, opcode, _) in enumerate(schedule)
                if opcode not in PLUMBING and not opcode.endswith("-start")
-               and opcode.removesuffix("-done") not in d2l.COLLECTIVES]
+               and opcode.removesuffix("-done") not in COLLECTIVES]
     ax.plot(compute, [0] * len(compute), "|", color="#222222", markersize=10)
     ax.set_yticks(range(len(rows) + 1),
                   ["compute"] + [opcode for opcode, _, _ in rows])
@@ -93,17 +96,17 @@ def plot_schedule(schedule, figsize=(7, 2.8)):
     return ax
 
 
-def check_hlo_entry(hlo_text):
+def _check_hlo_entry(hlo_text):
     """Refuse anything but the text of an HLO module with an ENTRY
     computation."""
     if not isinstance(hlo_text, str):
-        raise TypeError(f"hlo_schedule reads HLO text, not a "
+        raise InputError(f"hlo_schedule reads HLO text, not a "
                         f"{type(hlo_text).__name__}; pass "
                         f"jax.jit(f).lower(*args).compile().as_text()")
     if "\nENTRY" not in hlo_text:
-        raise ValueError("the text has no ENTRY computation; pass the HLO "
+        raise InputError("the text has no ENTRY computation; pass the HLO "
                          "text of a whole module, e.g. "
                          "jax.jit(f).lower(*args).compile().as_text()")
 
 
-hlo_schedule = validated(hlo_schedule, check_hlo_entry)
+hlo_schedule = check.validated(hlo_schedule, _check_hlo_entry)

@@ -8,29 +8,29 @@ import jax
 from flax import nnx
 from jax.sharding import PartitionSpec as P
 
-import d2l_multi as d2l
-from .utils import validated
+from . import _checks as check
+from .errors import InputError
 
 
-def check_rules(rules, mesh):
+def _check_rules(rules, mesh):
     """Check that each rule maps a logical name to None or to mesh axes."""
     for logical, target in rules.items():
         axes = target if isinstance(target, tuple) else (target,)
         missing = [a for a in axes
                    if a is not None and a not in mesh.axis_names]
         if missing:
-            raise ValueError(
+            raise InputError(
                 f"the rule {logical!r}: {target!r} names the mesh axis "
                 f"{missing[0]!r}, but the mesh has only the axes "
                 f"{tuple(mesh.axis_names)}; map {logical!r} to one of those, "
                 f"or to None to replicate it")
 
 
-def check_layout(state, rules, mesh):
-    """Check ``rules`` (``check_rules``), that every logical axis name on
+def _check_layout(state, rules, mesh):
+    """Check ``rules`` (``_check_rules``), that every logical axis name on
     ``state``'s variables has a rule and that every dimension splits evenly over
     the mesh axes its rule names."""
-    check_rules(rules, mesh)
+    _check_rules(rules, mesh)
     flat = jax.tree_util.tree_leaves_with_path(
         state, is_leaf=lambda x: isinstance(x, nnx.Variable))
     for path, var in flat:
@@ -38,7 +38,7 @@ def check_layout(state, rules, mesh):
         for name in names:
             if (name is not None and name not in rules
                     and name not in mesh.axis_names):
-                raise ValueError(
+                raise InputError(
                     f"parameter {jax.tree_util.keystr(path)} is annotated with "
                     f"the logical axis {name!r}, which the rules do not map; "
                     f"add {name!r}: None (replicate) or "
@@ -46,9 +46,9 @@ def check_layout(state, rules, mesh):
         spec = P(*[rules.get(name, name) if name is not None else None
                    for name in names])
         try:
-            d2l.check_spec(spec, mesh, var.shape)
+            check.spec(spec, mesh, var.shape)
         except ValueError as e:
-            raise ValueError(
+            raise InputError(
                 f"parameter {jax.tree_util.keystr(path)}: {e}") from None
 
 
@@ -84,20 +84,20 @@ def bytes_per_device(tree):
     return held
 
 
-def check_model_layout(model_fn, mesh, rules):
+def _check_model_layout(model_fn, mesh, rules):
     """Check ``rules`` against ``mesh`` and the layout of ``model_fn()``'s state
-    (``check_layout``), from shapes alone: what ``abstract_state`` and
+    (``_check_layout``), from shapes alone: what ``abstract_state`` and
     ``create_sharded`` refuse before they build anything."""
-    check_rules(rules, mesh)
+    _check_rules(rules, mesh)
     with nnx.use_eager_sharding(False):
         state = nnx.state(nnx.eval_shape(model_fn))
-    check_layout(state, rules, mesh)  # names the parameter and the fix
+    _check_layout(state, rules, mesh)  # names the parameter and the fix
 
 
 def _check_mesh_rules(mesh, rules):
-    check_rules(rules, mesh)
+    _check_rules(rules, mesh)
 
 
-use_sharding = validated(use_sharding, _check_mesh_rules)
-abstract_state = validated(abstract_state, check_model_layout)
-create_sharded = validated(create_sharded, check_model_layout)
+use_sharding = check.validated(use_sharding, _check_mesh_rules)
+abstract_state = check.validated(abstract_state, _check_model_layout)
+create_sharded = check.validated(create_sharded, _check_model_layout)

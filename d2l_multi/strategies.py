@@ -4,14 +4,17 @@ the rules that map the logical axes of ``TransformerLM`` to a 2-D
 ``('data', 'model')`` mesh of 8 devices; one training step for all of them.
 
 The shown functions carry no argument checks; their public names check first
-(``d2l.validated``), so bad input gets a message naming the fix."""
+(``check.validated``), so bad input gets a message naming the fix."""
 import jax
 import numpy as np
 from flax import nnx
 from jax.sharding import NamedSharding, PartitionSpec as P
 
-import d2l_multi as d2l
-from .utils import validated
+from . import _checks as check
+from ._earlier import strategies as d2l
+from .errors import InputError
+from .sharding import _check_layout
+
 
 LOGICAL_AXES = ("batch", "embed", "heads", "mlp", "vocab")  # TransformerLM's
 
@@ -68,18 +71,18 @@ def lm_train_step(model, optimizer, X, Y):
 
 def _check_strategy(strategy):
     if strategy not in STRATEGIES:
-        raise ValueError(f"unknown strategy {strategy!r}; use one of "
+        raise InputError(f"unknown strategy {strategy!r}; use one of "
                          f"{list(STRATEGIES)}")
 
 
 def _check_reshard(model, mesh, rules):
-    d2l.check_layout(nnx.state(model), rules, mesh)  # checks the rules too
+    _check_layout(nnx.state(model), rules, mesh)  # checks the rules too
 
 
 def _check_tokens(X, Y, mesh, rules):
-    d2l.check_spec(P(rules.get("batch")), mesh, np.shape(X))
+    check.spec(P(rules.get("batch")), mesh, np.shape(X))
 
 
-sharding_rules = validated(sharding_rules, _check_strategy)
-reshard = validated(reshard, _check_reshard)
-shard_tokens = validated(shard_tokens, _check_tokens)
+sharding_rules = check.validated(sharding_rules, _check_strategy)
+reshard = check.validated(reshard, _check_reshard)
+shard_tokens = check.validated(shard_tokens, _check_tokens)

@@ -2,7 +2,10 @@
 public-domain text."""
 import numpy as np
 
-import d2l_multi as d2l
+from . import _checks as check
+from .errors import InputError
+from .smoke_switch import shrink
+
 
 TINY_TEXT = (  # Lewis Carroll, Alice's Adventures in Wonderland (1865), public domain
     "Alice was beginning to get very tired of sitting by her sister on the bank, and of "
@@ -30,7 +33,7 @@ class CharCorpus:
 
     def __init__(self, batch_size=16, seq_len=32, text=TINY_TEXT, vocab_multiple=8, seed=0):
         if len(text) <= seq_len + 1:
-            raise ValueError(f"the text has {len(text)} characters, too few for windows of "
+            raise InputError(f"the text has {len(text)} characters, too few for windows of "
                              f"seq_len + 1 = {seq_len + 1}; use a shorter seq_len or more text")
         self.batch_size, self.seq_len, self.seed = batch_size, seq_len, seed
         self.vocab = sorted(set(text))
@@ -55,6 +58,6 @@ class CharCorpus:
     def batches(self, num_batches):
         """The batches number 0, 1, ..., ``num_batches`` - 1 (at most 10 with the smoke
         switch on)."""
-        d2l.check_positive(num_batches=num_batches)
-        for step in range(d2l.shrink(num_batches, 10)):
+        check.positive(num_batches=num_batches)
+        for step in range(shrink(num_batches, 10)):
             yield self.batch(step)

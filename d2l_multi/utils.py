@@ -5,6 +5,8 @@ import time
 
 import numpy as np
 
+from .errors import InputError
+
 
 class Timer:
     """Record multiple running times."""
@@ -51,48 +53,6 @@ class Accumulator:
         return self.data[idx]
 
 
-def validated(fn, check):
-    """``fn`` behind its argument check: the returned function calls ``check(*args,
-    **kwargs)``, then ``fn``. The chapter shows ``fn`` as it is (``inspect.unwrap`` returns it);
-    the library's public name is the checked one, so bad input still gets a clear error. For a
-    class, the checked name is a subclass of the same name whose constructor checks first
-    (``__wrapped__`` is the shown class; ``inspect.unwrap`` stops at classes from Python 3.12)."""
-    if isinstance(fn, type):
-        return _validated_class(fn, check)
-
-    @functools.wraps(fn)
-    def checked(*args, **kwargs):
-        check(*args, **kwargs)
-        return fn(*args, **kwargs)
-    return checked
-
-
-def _validated_class(cls, check):
-    class Checked(cls):
-        @functools.wraps(cls.__init__)
-        def __init__(self, *args, **kwargs):
-            check(*args, **kwargs)
-            super().__init__(*args, **kwargs)
-
-    for name in ("__module__", "__name__", "__qualname__", "__doc__"):
-        setattr(Checked, name, getattr(cls, name))
-    Checked.__wrapped__ = cls  # inspect.unwrap gives back the shown class
-    return Checked
-
-
-def check_positive(**values):
-    """Raise a ValueError naming the first value that is not a finite number > 0; names
-    starting with ``num_`` or ending with ``_size`` must be integers."""
-    for name, value in values.items():
-        integer = name.startswith("num_") or name.endswith("_size")
-        kinds = (int,) if integer else (int, float)
-        ok = (isinstance(value, kinds) and not isinstance(value, bool)
-              and math.isfinite(value) and value > 0)
-        if not ok:
-            what = "a positive integer" if integer else "a finite positive number"
-            raise ValueError(f"{name} must be {what}, got {value!r}")
-
-
 def max_difference(a, b):
     """The largest absolute difference between matching arrays of two pytrees, as a float.
     Matching arrays have one shape, or one of them stacks copies along a leading axis (one per
@@ -102,7 +62,7 @@ def max_difference(a, b):
     def difference(path, x, y):
         x, y = np.asarray(x, np.float64), np.asarray(y, np.float64)
         if x.shape != y.shape and x.shape[1:] != y.shape and x.shape != y.shape[1:]:
-            raise ValueError(f"max_difference: shapes {x.shape} and {y.shape} differ at "
+            raise InputError(f"max_difference: shapes {x.shape} and {y.shape} differ at "
                              f"{jax.tree_util.keystr(path) or 'the root'}; compare arrays of one "
                              f"shape, or a stack of copies (leading axis) with one copy")
         return float(np.max(np.abs(x - y), initial=0.0))
@@ -117,7 +77,7 @@ def time_call(f, *args, repeat=5, warmup=1):
     from .smoke_switch import shrink
     for name, value, least in (("repeat", repeat, 1), ("warmup", warmup, 0)):
         if isinstance(value, bool) or not isinstance(value, int) or value < least:
-            raise ValueError(f"{name} must be an integer >= {least}, got {value!r}")
+            raise InputError(f"{name} must be an integer >= {least}, got {value!r}")
     repeat = shrink(repeat, 2)
     for _ in range(warmup):
         jax.block_until_ready(f(*args))

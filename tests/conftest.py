@@ -14,7 +14,7 @@
 * A notebook whose kernel loses a request or a reply fails at once, naming the cell
   (tests/kernel_watchdog.py), instead of waiting out the cell timeout; and the notebook
   client sends nothing on the shell channel while it waits for a reply there, as in the book
-  build (``d2l_multi.book.keep_widget_output_in_cells``).
+  build (``d2l_multi.commands.book.keep_widget_output_in_cells``).
 * The test processes, the notebook kernels and the programs the tests start share one JAX
   persistent compilation cache for the run, so a program several notebooks and tests compile
   alike, such as LeNet's data-parallel step, is compiled once.
@@ -52,12 +52,12 @@ if "JAX_COMPILATION_CACHE_DIR" not in os.environ:  # set before JAX starts; work
     os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES", "-1")
 
 import d2l_multi  # noqa: E402
-import d2l_multi.book  # noqa: E402
+import d2l_multi.commands.book  # noqa: E402
 import kernel_watchdog  # noqa: E402
 
 d2l_multi.simulate_devices(8)
 kernel_watchdog.install()
-d2l_multi.book.keep_widget_output_in_cells()
+d2l_multi.commands.book.keep_widget_output_in_cells()
 
 
 def pytest_configure(config):

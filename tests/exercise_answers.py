@@ -217,40 +217,40 @@ def checkpoint_interval(save_seconds, device_mtbf_seconds, num_devices):
 
 
 REFERENCE = {
-    "verify_mesh_layout": (place,),
-    "verify_cross_entropy": (cross_entropy,),
-    "verify_sgd_update": (sgd,),
-    "verify_broadcast": (broadcast,),
-    "verify_reduce_scatter": (reduce_scatter,),
-    "verify_all_gather": (all_gather,),
-    "verify_ring_allreduce": (ring_allreduce,),
-    "verify_ring_bytes": (bytes_sent,),
-    "verify_split_batch": (split_batch,),
-    "verify_pmean_step": (data_parallel_step,),
-    "verify_grad_accumulation": (accumulated_step,),
-    "verify_jit_data_parallel": (place_for_jit,),
-    "verify_shard_map_grad": (global_grad,),
-    "verify_nnx_step": (nnx_train_step,),
-    "verify_batch_stats": (batch_stats,),
-    "verify_flops_per_byte": (flops_per_gradient_byte,),
-    "verify_keras_step": (make_train_step,),
-    "verify_alpha_beta": (allreduce_time,),
-    "verify_bus_bandwidth": (bus_bandwidth,),
-    "verify_step_time": (predict_step_time,),
-    "verify_master_weights": (mixed_step,),
-    "verify_ensemble_average": (ensemble_probs,),
-    "verify_training_memory": (bytes_per_device,),
-    "verify_remat_memory": (activation_bytes,),
-    "verify_logical_rules": (rules,),
-    "verify_fsdp_spec": (fsdp_spec,),
-    "verify_megatron_specs": (megatron_specs,),
-    "verify_gpipe_bubble": (gpipe_bubble,),
-    "verify_1f1b": (one_f_one_b,),
-    "verify_overlapped_step": (overlapped_step_time,),
-    "verify_restore_target": (restore_target,),
-    "verify_exact_resume": (save_position, resume),
-    "verify_process_rows": (process_rows,),
-    "verify_checkpoint_interval": (checkpoint_interval,),
+    "devices.mesh_layout": (place,),
+    "lenet_from_scratch.cross_entropy": (cross_entropy,),
+    "lenet_from_scratch.sgd_update": (sgd,),
+    "allreduce.broadcast": (broadcast,),
+    "allreduce.reduce_scatter": (reduce_scatter,),
+    "allreduce.all_gather": (all_gather,),
+    "allreduce.ring_allreduce": (ring_allreduce,),
+    "allreduce.ring_bytes": (bytes_sent,),
+    "data_parallel_from_scratch.split_batch": (split_batch,),
+    "data_parallel_from_scratch.pmean_step": (data_parallel_step,),
+    "data_parallel_from_scratch.grad_accumulation": (accumulated_step,),
+    "jit_and_shardings.jit_data_parallel": (place_for_jit,),
+    "shard_map.shard_map_grad": (global_grad,),
+    "flax.nnx_step": (nnx_train_step,),
+    "batchnorm.batch_stats": (batch_stats,),
+    "resnet.flops_per_byte": (flops_per_gradient_byte,),
+    "keras.keras_step": (make_train_step,),
+    "collectives.alpha_beta": (allreduce_time,),
+    "collectives.bus_bandwidth": (bus_bandwidth,),
+    "predicting_steps.step_time": (predict_step_time,),
+    "mixed_precision.master_weights": (mixed_step,),
+    "ensembles.ensemble_average": (ensemble_probs,),
+    "memory_and_remat.training_memory": (bytes_per_device,),
+    "memory_and_remat.remat_memory": (activation_bytes,),
+    "transformer_and_meshes.logical_rules": (rules,),
+    "fsdp_and_tensor_parallelism.fsdp_spec": (fsdp_spec,),
+    "fsdp_and_tensor_parallelism.megatron_specs": (megatron_specs,),
+    "pipeline_parallelism.gpipe_bubble": (gpipe_bubble,),
+    "pipeline_parallelism.one_f_one_b": (one_f_one_b,),
+    "overlapping_communication.overlapped_step": (overlapped_step_time,),
+    "checkpoints.restore_target": (restore_target,),
+    "input_pipelines.exact_resume": (save_position, resume),
+    "multi_process.process_rows": (process_rows,),
+    "failures_and_clusters.checkpoint_interval": (checkpoint_interval,),
 }
 
 
@@ -331,56 +331,56 @@ def _loop_forever(*args):
 
 
 WRONG = {
-    "verify_mesh_layout": [
+    "devices.mesh_layout": [
         (((lambda x, mesh: jax.device_put(x, NamedSharding(mesh, P()))),), "replicated"),
         (((lambda x, mesh: jax.device_put(x, NamedSharding(mesh, P("x")))),), "not the columns"),
         (((lambda x, mesh: jax.device_put(x, jax.devices()[0])),), "lives on one device"),
         (((lambda x, mesh: np.asarray(x)),), "jax.device_put"),
     ],
-    "verify_cross_entropy": [
+    "lenet_from_scratch.cross_entropy": [
         ((_naive_cross_entropy,), "exp overflows"),
         (((lambda logits, y: -jnp.sum(jnp.take_along_axis(jax.nn.log_softmax(logits),
                                                          y[:, None], 1))),), "average over"),
         (((lambda logits, y: -jnp.mean(jnp.take_along_axis(jax.nn.log_softmax(logits, axis=0),
                                                           y[:, None], 1))),), "batch axis"),
     ],
-    "verify_sgd_update": [
+    "lenet_from_scratch.sgd_update": [
         (((lambda params, grads, lr: jax.tree.map(lambda p, g: p + lr * g, params, grads)),),
          "climbs the loss"),
         (((lambda params, grads, lr: jax.tree.map(lambda p, g: p - g, params, grads)),),
          "ignores the learning rate"),
     ],
-    "verify_broadcast": [
+    "allreduce.broadcast": [
         (((lambda x, axis_name: lax.psum(x, axis_name)),), "sum of all 8"),
         (((lambda x, axis_name: lax.pmean(jnp.where(lax.axis_index(axis_name) == 0, x, 0.0),
                                          axis_name)),), "1/8 of device 0"),
         (((lambda x, axis_name: x),), "nothing was communicated"),
     ],
-    "verify_reduce_scatter": [
+    "allreduce.reduce_scatter": [
         (((lambda x, axis_name: lax.psum_scatter(x, axis_name, tiled=True)),),
          "lax.ppermute alone"),
         ((_reduce_scatter_one_ahead,), "chunk i+1"),
         ((_reduce_scatter_short,), "k-1 = 7 steps"),
         (((lambda x, axis_name: x),), "all 8 chunks"),
     ],
-    "verify_all_gather": [
+    "allreduce.all_gather": [
         (((lambda x, axis_name: lax.all_gather(x, axis_name, tiled=True)),), "lax.ppermute alone"),
         ((_all_gather_by_receiver,), "out of order"),
         (((lambda x, axis_name: jnp.zeros(x.size * lax.axis_size(axis_name), x.dtype).at[
             lax.axis_index(axis_name) * x.size + jnp.arange(x.size)].set(x)),), "zeros"),
     ],
-    "verify_ring_allreduce": [
+    "allreduce.ring_allreduce": [
         (((lambda x, axis_name: lax.psum(x, axis_name)),), "lax.ppermute alone"),
         (((lambda x, axis_name: ring_allreduce(x, axis_name) / lax.axis_size(axis_name)),),
          "averaging is pmean"),
         ((_allreduce_reduce_scatter_only,), "the all-gather"),
     ],
-    "verify_ring_bytes": [
+    "allreduce.ring_bytes": [
         (((lambda n, k: 2 * (k - 1) * n),), "8\u00d7 too large"),
         (((lambda n, k: (k - 1) / k * n),), "both phases"),
         (((lambda n, k: 2 * n),), "does not depend on k"),
     ],
-    "verify_split_batch": [
+    "data_parallel_from_scratch.split_batch": [
         (((lambda X, y, k: (X.reshape(k, -1, *X.shape[1:]), y.reshape(k, -1))),),
          "fails inside a reshape"),
         (((lambda X, y, k: (X[:len(X) - len(X) % k].reshape(k, -1, *X.shape[1:]),
@@ -390,17 +390,17 @@ WRONG = {
         (((lambda X, y, k: (X.reshape(k, -1, *X.shape[1:]), y.reshape(k, -1)[::-1])
           if len(X) % k == 0 else split_batch(X, y, k)),), "labels no longer match"),
     ],
-    "verify_pmean_step": [
+    "data_parallel_from_scratch.pmean_step": [
         ((_psum_step,), "8\u00d7 too large: did you psum instead of pmean?"),
         ((_local_step,), "devices disagree"),
         (((lambda params, X, y, loss_fn, lr: _psum_step(params, X, y, loss_fn, lr / 64)),),
          "8\u00d7 too small"),
     ],
-    "verify_grad_accumulation": [
+    "data_parallel_from_scratch.grad_accumulation": [
         ((_summed_accumulation,), "4\u00d7 too large: you summed"),
         ((_stepwise_accumulation,), "updated after every micro-batch"),
     ],
-    "verify_jit_data_parallel": [
+    "jit_and_shardings.jit_data_parallel": [
         (((lambda params, X, y, mesh: jax.device_put((params, X, y),
                                                     NamedSharding(mesh, P()))),),
          "whole batch"),
@@ -413,62 +413,62 @@ WRONG = {
             jax.device_put(y, NamedSharding(mesh, P("data"))))),), "axis 1"),
         (((lambda params, X, y, mesh: (params, X, y)),), "host arrays"),
     ],
-    "verify_shard_map_grad": [
+    "shard_map.shard_map_grad": [
         (((lambda params, X, y, loss_fn: jax.grad(
             lambda p: lax.psum(loss_fn(p, X, y), "data"))(params)),), "8\u00d7 too large"),
         (((lambda params, X, y, loss_fn: jax.grad(loss_fn)(params, X, y)),), "8\u00d7 too large"),
     ],
-    "verify_nnx_step": [
+    "flax.nnx_step": [
         (((lambda model, optimizer, X, y: _nnx_step(model, optimizer, X, y, "sum")),),
          "32\u00d7 too large"),
         (((lambda model, optimizer, X, y: _nnx_step(model, optimizer, X, y, "no update")),),
          "did not change"),
     ],
-    "verify_batch_stats": [
+    "batchnorm.batch_stats": [
         (((lambda x, axis_name: (x.mean(0), x.var(0))),), "its own 4 examples"),
         (((lambda x, axis_name: (lax.pmean(x.mean(0), axis_name),
                                 lax.pmean(x.var(0), axis_name))),), "spread between"),
         (((lambda x, axis_name: (lax.psum(x.mean(0), axis_name),
                                 lax.pmean(x.var(0), axis_name))),), "psum adds"),
     ],
-    "verify_flops_per_byte": [
+    "resnet.flops_per_byte": [
         (((lambda layers, b: flops_per_gradient_byte(layers, b) / 3),), "forward pass only"),
         (((lambda layers, b: flops_per_gradient_byte(layers, b) * 4),), "4 bytes"),
         (((lambda layers, b: 6 * b / 4),), "reuse"),
     ],
-    "verify_keras_step": [
+    "keras.keras_step": [
         (((lambda model, loss_fn, optimizer: _keras_step_dropping_moving(
             make_train_step(model, loss_fn, optimizer))),), "moving statistics"),
     ],
-    "verify_alpha_beta": [
+    "collectives.alpha_beta": [
         (((lambda n, k, alpha, beta: alpha + 2 * (k - 1) / k * n * beta),), "start-up alpha"),
         (((lambda n, k, alpha, beta: 2 * (k - 1) * alpha + 2 * (k - 1) * n * beta),),
          "8\u00d7 too large"),
         (((lambda n, k, alpha, beta: 2 * (k - 1) * alpha + (k - 1) / k * n * beta),),
          "twice"),
     ],
-    "verify_bus_bandwidth": [
+    "collectives.bus_bandwidth": [
         (((lambda collective, k, n, seconds: n / seconds),), "algorithm bandwidth"),
         (((lambda collective, k, n, seconds: n / seconds * 2 * (k - 1) / k),), "one phase"),
     ],
-    "verify_step_time": [
+    "predicting_steps.step_time": [
         (((lambda t, k, g, alpha, beta: t + allreduce_time(g, k, alpha, beta)),),
          "divide the compute time by k"),
         (((lambda t, k, g, alpha, beta: t / k),), "no communication"),
     ],
-    "verify_master_weights": [
+    "mixed_precision.master_weights": [
         (((lambda master, grads, lr: (master.astype(jnp.bfloat16) - lr * grads,) * 2),),
          "keep them float32"),
         (((lambda master, grads, lr: ((master.astype(jnp.bfloat16) - lr * grads)
                                      .astype(jnp.float32), master.astype(jnp.bfloat16))),),
          "lost updates"),
     ],
-    "verify_ensemble_average": [
+    "ensembles.ensemble_average": [
         (((lambda logits: jax.nn.softmax(logits.mean(axis=0))),), "softmax first"),
         (((lambda logits: jax.nn.softmax(logits).mean(axis=1)),), "axis 1"),
         (((lambda logits: logits.mean(axis=0)),), "averaged the logits"),
     ],
-    "verify_training_memory": [
+    "memory_and_remat.training_memory": [
         (((lambda P_, A, k, s: bytes_per_device(P_, A, k, s)
            - 8 * P_ / (1 if s == "dp" else k)),), "Adam's two moments"),
         (((lambda P_, A, k, s: 16 * P_ + A / k if s != "tp" else 16 * P_ / k + A),),
@@ -476,43 +476,43 @@ WRONG = {
         (((lambda P_, A, k, s: 16 * P_ / (1 if s == "dp" else k) + A / k),),
          "does not split the batch"),
     ],
-    "verify_remat_memory": [
+    "memory_and_remat.remat_memory": [
         (((lambda L, a, b, remat: L * a if remat else L * (a + b)),), "add one layer"),
         (((lambda L, a, b, remat: L * (a + b)),), "only each layer's input"),
     ],
-    "verify_logical_rules": [
+    "transformer_and_meshes.logical_rules": [
         ((dict(rules, embed="model"),), "Megatron keeps 'embed' whole"),
         ((dict(rules, batch=None),), "map 'batch' to 'data'"),
         (({k: v for k, v in rules.items() if k != "vocab"},), "missing ['vocab']"),
         ((dict(rules, mlp=None),), "'mlp' axis over 'model'"),
     ],
-    "verify_fsdp_spec": [
+    "fsdp_and_tensor_parallelism.fsdp_spec": [
         ((P(),), "that is data parallelism"),
         ((P("model", None),), "one axis, 'data'"),
         ((P("data", "data"),), "names a mesh axis twice"),
         (("data",), "should be a jax.sharding.PartitionSpec"),
     ],
-    "verify_megatron_specs": [
+    "fsdp_and_tensor_parallelism.megatron_specs": [
         (((P("model", None), P(None, "model")),), "wrong way round"),
         (((P(None, "model"), P(None, "model")),), "all-gather between the layers"),
         (((P("model", None), P("model", None)),), "gelu(a + b)"),
         (((P(None, "model"), P()),), "W2 is replicated"),
     ],
-    "verify_gpipe_bubble": [
+    "pipeline_parallelism.gpipe_bubble": [
         (((lambda p, m: (p - 1) / m),), "relative to the useful work"),
         (((lambda p, m: p / (m + p)),), "off by one"),
     ],
-    "verify_1f1b": [
+    "pipeline_parallelism.one_f_one_b": [
         (((lambda p, m: ((p - 1) / (m + p - 1), m)),), "is GPipe"),
         (((lambda p, m: ((p - 1) / (2 * m + p - 1), min(p, m))),), "does not shrink the bubble"),
         (((lambda p, m: ((p - 1) / (m + p - 1), p)),), "no stage can hold more than m"),
     ],
-    "verify_overlapped_step": [
+    "overlapping_communication.overlapped_step": [
         (((lambda backward, comm, b: max(backward, comm)),), "perfect overlap is impossible"),
         (((lambda backward, comm, b: backward + comm),), "no overlap at all"),
         (((lambda backward, comm, b: backward + comm / b),), "the link is the bottleneck"),
     ],
-    "verify_restore_target": [
+    "checkpoints.restore_target": [
         (((lambda tree, mesh, specs: jax.tree.map(
             lambda x, s: jax.device_put(x, NamedSharding(mesh, s)), tree, specs)),),
          "you returned arrays"),
@@ -522,17 +522,17 @@ WRONG = {
             lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding), tree)),),
          "saved from"),
     ],
-    "verify_exact_resume": [
+    "input_pipelines.exact_resume": [
         ((save_position, lambda make_iterator, saved: make_iterator()),
          "starts from the beginning"),
         ((lambda iterator: iterator, resume), "saved the iterator itself"),
     ],
-    "verify_process_rows": [
+    "multi_process.process_rows": [
         (((lambda b, n, p: range(p, b, n)),), "interleaved"),
         (((lambda b, n, p: range((p + 1) * (b // n), (p + 2) * (b // n))),), "off by one"),
         (((lambda b, n, p: range(b)),), "each loads"),
     ],
-    "verify_checkpoint_interval": [
+    "failures_and_clusters.checkpoint_interval": [
         (((lambda c, mtbf, n: math.sqrt(2 * c * mtbf)),), "fails 1000 times as often"),
         (((lambda c, mtbf, n: math.sqrt(c * mtbf / n)),), "\u221a2 too small"),
     ],

@@ -7,6 +7,8 @@ import numpy as np
 import pytest
 
 import d2l_multi as d2l
+from d2l_multi import _checks as check
+from d2l_multi.data import dataset_dir
 
 X = np.zeros((64, 28, 28, 1), np.float32)
 Y = np.zeros(64, np.int32)
@@ -22,9 +24,9 @@ CASES = [
     ("devices('8')", lambda: d2l.devices("8"), "must be a positive integer, got '8'"),
     ("simulate_devices(-1)", lambda: d2l.simulate_devices(-1), "positive integer, got -1"),
     ("device_mesh((0,))", lambda: d2l.device_mesh((0,)), "sizes must be positive integers"),
-    ("check_divisible(10, 0)", lambda: d2l.check_divisible(10, 0),
+    ("check_divisible(10, 0)", lambda: check.divisible(10, 0),
      "the number of devices must be a positive integer, got 0"),
-    ("check_divisible(250, 8)", lambda: d2l.check_divisible(250, 8),
+    ("check_divisible(250, 8)", lambda: check.divisible(250, 8),
      "batch size 250 does not divide evenly over 8 devices; use a multiple of 8, e.g. 248 or 256"),
     ("split_batch(..., 0)", lambda: d2l.split_batch(X, Y, 0), "positive integer, got 0"),
     ("split_batch(X, y[:10])", lambda: d2l.split_batch(X, Y[:10], 8),
@@ -46,7 +48,7 @@ CASES = [
     ("FashionMNIST(resize 0)", lambda: d2l.FashionMNIST(resize=(0, 28)), r"resize=\(0, 28\)"),
     ("load_data_fashion_mnist(-1)", lambda: d2l.load_data_fashion_mnist(-1),
      "batch_size must be a positive integer, got -1"),
-    ("dataset_dir('cifar')", lambda: d2l.dataset_dir("cifar"), "unknown dataset 'cifar'"),
+    ("dataset_dir('cifar')", lambda: dataset_dir("cifar"), "unknown dataset 'cifar'"),
     # a label outside 0..9 would silently count as another class (JAX clamps indices)
     ("train_batch(y=-1)", lambda: d2l.train_batch(replicated(), X, np.full(64, -1), 8, 0.1),
      "y holds the label -1, but labels are class indices from 0 up"),

@@ -35,8 +35,8 @@ def benchmark(*args):
     (["predict", "--batch-size", "100", "--devices", "1,8"], "100 does not divide evenly over 8"),
     (["predict", "--devices", "0,2"], "--devices: every count must be at least 1"),
     (["models", "--width", "0"], "--width must be a positive integer, e.g. --width 64; got 0"),
-    (["frobnicate"], "unknown benchmark 'frobnicate'; use one of lenet, profile, collectives, "
-                     "predict, models"),
+    (["frobnicate"], "invalid choice: 'frobnicate' (choose from 'lenet', 'profile', "
+                     "'collectives', 'predict', 'models')"),
 ])
 def test_bad_options_exit_non_zero_with_one_line(args, message):
     result = benchmark(*args)
@@ -103,7 +103,7 @@ def test_the_profile_sorts_a_steps_operations_into_parts():
     gradient, from the compiled program alone."""
     import jax
     import d2l_multi as d2l
-    from d2l_multi.benchmark import hlo_instructions, jax_part
+    from d2l_multi.commands.benchmark import hlo_instructions, jax_part
 
     def step(params, X, y):
         grads = jax.grad(d2l.loss_fn)(params, X, y)
@@ -123,7 +123,7 @@ def test_xla_cpu_defaults_give_one_program_ynnpack_back():
     """The straightforward row compiles with XLA:CPU's default libraries, beside the chapter's."""
     import jax
     import d2l_multi as d2l
-    from d2l_multi.benchmark import xla_cpu_defaults
+    from d2l_multi.commands.benchmark import xla_cpu_defaults
     options = xla_cpu_defaults()
     if not options:
         pytest.skip("this jaxlib's defaults are not known here")
@@ -138,7 +138,7 @@ def test_xla_cpu_defaults_are_what_xla_cpu_does_without_the_chapters_flag():
     ``xla_cpu_defaults()`` as without options: the row named "XLA:CPU defaults" is that."""
     script = textwrap.dedent("""
         import re, sys, jax, numpy as np, d2l_multi as d2l
-        from d2l_multi.benchmark import xla_cpu_defaults
+        from d2l_multi.commands.benchmark import xla_cpu_defaults
         options = xla_cpu_defaults()
         X, y = np.zeros((256, 28, 28, 1), np.float32), np.zeros(256, np.int32)
         lowered = jax.jit(jax.value_and_grad(d2l.loss_fn)).lower(
@@ -159,7 +159,7 @@ def test_xla_cpu_defaults_are_what_xla_cpu_does_without_the_chapters_flag():
 def test_pytorch_baseline_uses_a_thread_per_core_and_channels_last_on_request():
     torch = pytest.importorskip("torch")
     import numpy as np
-    from d2l_multi.benchmark import _TorchRow, lenet_ratios, torch_threads
+    from d2l_multi.commands.benchmark import _TorchRow, lenet_ratios, torch_threads
     assert torch_threads() == len(os.sched_getaffinity(0))
     X, y = np.zeros((16, 28, 28, 1), np.float32), np.zeros(16, np.int32)
     row = _TorchRow(X, y, batch=8, channels_last=True, warmup=1)
@@ -182,7 +182,7 @@ def test_pytorch_baseline_uses_a_thread_per_core_and_channels_last_on_request():
 def test_the_allreduce_row_gives_its_share_and_is_never_the_best_row():
     """The row without the allreduce is not a training step: the ratio lines use it only for
     the allreduce's share, never as the chapter's best 8-device row."""
-    from d2l_multi.benchmark import NO_ALLREDUCE, lenet_ratios
+    from d2l_multi.commands.benchmark import NO_ALLREDUCE, lenet_ratios
     chapter = "chapter d2l.train: pmap, NHWC, d2l.conv2d"
     results = {("straightforward (d2l text)", "1 dev"): (40.0, 44.0),
                ("straightforward (d2l text)", "8 dev"): (30.0, 33.0),
@@ -199,7 +199,7 @@ def test_the_allreduce_row_gives_its_share_and_is_never_the_best_row():
 def test_an_allreduce_cheaper_than_the_noise_is_not_a_negative_share():
     """When the row without the allreduce is the slower one (the allreduce costs less than
     the rows move between rounds), the line says so instead of printing "-0.0 s"."""
-    from d2l_multi.benchmark import NO_ALLREDUCE, lenet_ratios
+    from d2l_multi.commands.benchmark import NO_ALLREDUCE, lenet_ratios
     chapter = "chapter d2l.train: pmap, NHWC, d2l.conv2d"
     results = {("straightforward (d2l text)", "1 dev"): (40.0, 44.0),
                ("straightforward (d2l text)", "2 dev"): (30.0, 33.0),
@@ -211,7 +211,7 @@ def test_an_allreduce_cheaper_than_the_noise_is_not_a_negative_share():
 
 
 def test_a_copy_cheaper_than_the_noise_is_not_a_negative_time():
-    from d2l_multi.benchmark import copy_cost
+    from d2l_multi.commands.benchmark import copy_cost
     assert copy_cost(0.0790, 0.0775) == "1.50 ms"
     assert copy_cost(0.0765, 0.0780) == ("below the noise, the step with NumPy inputs 1.50 ms "
                                          "faster")

@@ -20,8 +20,8 @@ import threading
 
 import pytest
 
-from d2l_multi import book as book_module
-from d2l_multi.book import build_book, main
+from d2l_multi.commands import book as book_module
+from d2l_multi.commands.book import build_book, main
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 NOTEBOOKS = sorted(p.stem for p in (ROOT / "chapters").glob("*.ipynb"))
@@ -156,7 +156,7 @@ def artifacts_dir():
 
 
 def test_importing_the_package_does_not_import_sphinx():
-    code = ("import sys, d2l_multi, d2l_multi.book; "
+    code = ("import sys, d2l_multi, d2l_multi.commands.book; "
             "print(sorted({m.split('.')[0] for m in sys.modules} & {'sphinx', 'myst_nb'}))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          check=True, cwd=ROOT).stdout
@@ -176,7 +176,7 @@ def test_book_command_refuses_bad_options_and_foreign_folders(tmp_path, capsys):
 def test_the_kernels_of_a_build_share_one_compilation_cache(tmp_path):
     """A program compiled in one kernel is read from the cache in the next: with these
     variables (set by build_book for the kernels it starts) JAX writes every program there."""
-    from d2l_multi.book import compilation_cache_env
+    from d2l_multi.commands.book import compilation_cache_env
     env = compilation_cache_env(tmp_path / "jax_cache", {})
     assert env["JAX_COMPILATION_CACHE_DIR"] == str(tmp_path / "jax_cache")
     assert "JAX_COMPILATION_CACHE_DIR" not in compilation_cache_env(
@@ -237,7 +237,7 @@ def test_a_mount_point_is_refused_before_building(tmp_path, capsys):
 
 def test_a_missing_book_extra_names_the_install_command(tmp_path):
     code = ("import sys; sys.modules['myst_nb'] = None\n"  # as if myst-nb were not installed
-            "from d2l_multi.__main__ import main; sys.exit(main(sys.argv[1:]))")
+            "from d2l_multi.commands import main; sys.exit(main(sys.argv[1:]))")
     result = subprocess.run([sys.executable, "-c", code, "book", "--no-execute", "--out",
                              str(tmp_path / "site")], capture_output=True, text=True, timeout=120)
     assert result.returncode == 1, result.stderr

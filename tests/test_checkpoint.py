@@ -23,6 +23,7 @@ import pytest
 from jax.sharding import NamedSharding, PartitionSpec as P
 
 import d2l_multi as d2l
+from d2l_multi import _checks as check
 
 BATCH, SAVE_EVERY, CRASH_AT, TOTAL = 32, 4, 10, 12  # checkpoints at 4 and 8; resume from 8
 
@@ -566,9 +567,9 @@ def test_train_steps_saves_a_plain_iterator_s_state_only(run, tmp_path):
 
 
 def test_check_finite_names_the_arrays():
-    d2l.check_finite({"a": np.ones(3), "n": np.arange(3)})
+    check.finite({"a": np.ones(3), "n": np.arange(3)})
     with pytest.raises(FloatingPointError, match=r"the state holds NaN or infinity in b\.1;"):
-        d2l.check_finite({"a": np.ones(3), "b": [np.ones(2), np.array([1.0, np.inf])]})
+        check.finite({"a": np.ones(3), "b": [np.ones(2), np.array([1.0, np.inf])]})
 
 
 def _bad(call, error, message):

@@ -18,7 +18,8 @@ import nbformat
 import pytest
 from nbclient import NotebookClient
 
-from d2l_multi import classroom, exercises
+from d2l_multi import exercises
+from d2l_multi.commands import classroom
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 PRACTICE = ROOT / "tests" / "classroom" / "practice.ipynb"
@@ -66,7 +67,8 @@ def test_a_check_must_take_what_its_exercise_defines():
     i = next(i for i, c in enumerate(nb["cells"]) if source(c).startswith("fsdp_spec ="))
     del nb["cells"][i]
     with pytest.raises(classroom.ClassroomError,
-                       match=r"practice, exercise 3: d2l.verify_fsdp_spec takes \['fsdp_spec'\]"):
+                       match=r"practice, exercise 3: fsdp_and_tensor_parallelism.fsdp_spec takes "
+                             r"\['fsdp_spec'\]"):
         classroom.assignment(nb, "practice", exercises.CHECKS)
 
 
@@ -75,11 +77,12 @@ def test_the_teachers_notebook_has_the_solutions_and_hidden_tests():
     graded = [c for c in nb["cells"] if c["metadata"].get("nbgrader", {}).get("grade")
               and c["cell_type"] == "code"]
     assert [c["metadata"]["nbgrader"]["grade_id"] for c in graded] == [
-        "ex1-verify_ring_bytes", "ex2-verify_gpipe_bubble", "ex3-verify_fsdp_spec",
-        "ex4-verify_split_batch"]
-    assert source(graded[2]) == ("d2l.verify_fsdp_spec(fsdp_spec)\n### BEGIN HIDDEN TESTS\n"
-                                 "d2l.verify_fsdp_spec(fsdp_spec, hidden=True)\n"
-                                 "### END HIDDEN TESTS")
+        "ex1-ring_bytes", "ex2-gpipe_bubble", "ex3-fsdp_spec", "ex4-split_batch"]
+    assert source(graded[2]) == (
+        "from d2l_multi.exercises import fsdp_and_tensor_parallelism\n"
+        "fsdp_and_tensor_parallelism.fsdp_spec(fsdp_spec)\n### BEGIN HIDDEN TESTS\n"
+        "fsdp_and_tensor_parallelism.fsdp_spec(fsdp_spec, hidden=True)\n"
+        "### END HIDDEN TESTS")
     assert nb["metadata"]["d2l_multi"] == {"notebook": "practice"}
 
 
@@ -113,7 +116,7 @@ def given_lines(code):
     given = set()
     for stmt in tree.body:
         if isinstance(stmt, (ast.Import, ast.ImportFrom)) or (
-                isinstance(stmt, ast.Expr) and "d2l.verify_" in ast.unparse(stmt)):
+                isinstance(stmt, ast.Expr) and re.match(r"check\.\w+\(", ast.unparse(stmt))):
             given |= set(range(stmt.lineno, stmt.end_lineno + 1))
         if isinstance(stmt, (ast.FunctionDef, ast.AsyncFunctionDef)):
             first = min([stmt.lineno] + [d.lineno for d in stmt.decorator_list])
@@ -160,14 +163,15 @@ def test_the_student_edition_runs_and_every_check_fails_with_one_line(student_ed
     nb = nbformat.read(student_edition / PRACTICE.name, as_version=4)
     NotebookClient(nb, timeout=300, allow_errors=True, kernel_name="python3",
                    resources={"metadata": {"path": str(student_edition)}}).execute()
-    checks = [c for c in nb.cells if c.cell_type == "code" and "d2l.verify_" in c.source]
+    checks = [c for c in nb.cells if c.cell_type == "code"
+              and c.metadata.get("nbgrader", {}).get("grade")]
     assert len(checks) == 4
     for cell in checks:
         errors = [o for o in cell.outputs if o.output_type == "error"]
         assert len(errors) == 1 and errors[0].ename == "CheckFailed", cell.outputs
         assert len(errors[0].traceback) == 1 and errors[0].traceback[0].startswith("FAIL "), (
             errors[0].traceback)
-    others = [o for c in nb.cells if c.cell_type == "code" and "d2l.verify_" not in c.source
+    others = [o for c in nb.cells if c.cell_type == "code" and c not in checks
               for o in c.outputs if o.output_type == "error"]
     assert not others, others
 
@@ -249,23 +253,23 @@ def test_grading_three_submissions_gives_the_expected_csv(course, tmp_path):
     blank = "returned None: write its body where it says `...`, and return the result"
     assert rows == [
         classroom.COLUMNS,
-        ["alice", "practice", "1", "verify_ring_bytes", "1.0", "1.0", "pass", ""],
-        ["alice", "practice", "2", "verify_gpipe_bubble", "1.0", "1.0", "pass", ""],
-        ["alice", "practice", "3", "verify_fsdp_spec", "1.0", "1.0", "pass", ""],
-        ["alice", "practice", "4", "verify_split_batch", "1.0", "1.0", "pass", ""],
-        ["bob", "practice", "1", "verify_ring_bytes", "0.0", "1.0", "fail",
+        ["alice", "practice", "1", "ring_bytes", "1.0", "1.0", "pass", ""],
+        ["alice", "practice", "2", "gpipe_bubble", "1.0", "1.0", "pass", ""],
+        ["alice", "practice", "3", "fsdp_spec", "1.0", "1.0", "pass", ""],
+        ["alice", "practice", "4", "split_batch", "1.0", "1.0", "pass", ""],
+        ["bob", "practice", "1", "ring_bytes", "0.0", "1.0", "fail",
          f"FAIL ring_bytes: `bytes_sent` {blank}"],
-        ["bob", "practice", "2", "verify_gpipe_bubble", "0.0", "1.0", "fail",
+        ["bob", "practice", "2", "gpipe_bubble", "0.0", "1.0", "fail",
          f"FAIL gpipe_bubble: `bubble` {blank}"],
-        ["bob", "practice", "3", "verify_fsdp_spec", "0.0", "1.0", "fail",
+        ["bob", "practice", "3", "fsdp_spec", "0.0", "1.0", "fail",
          "FAIL fsdp_spec: your PartitionSpec is still `...`: replace it with your answer"],
-        ["bob", "practice", "4", "verify_split_batch", "0.0", "1.0", "fail",
+        ["bob", "practice", "4", "split_batch", "0.0", "1.0", "fail",
          f"FAIL split_batch: `split_batch` {blank}"],
-        ["carol", "practice", "1", "verify_ring_bytes", "1.0", "1.0", "pass", ""],
-        ["carol", "practice", "2", "verify_gpipe_bubble", "0.0", "1.0", "timeout",
+        ["carol", "practice", "1", "ring_bytes", "1.0", "1.0", "pass", ""],
+        ["carol", "practice", "2", "gpipe_bubble", "0.0", "1.0", "timeout",
          "no result within 60 s"],
-        ["carol", "practice", "3", "verify_fsdp_spec", "1.0", "1.0", "pass", ""],
-        ["carol", "practice", "4", "verify_split_batch", "0.0", "1.0", "error",
+        ["carol", "practice", "3", "fsdp_spec", "1.0", "1.0", "pass", ""],
+        ["carol", "practice", "4", "split_batch", "0.0", "1.0", "error",
          "NameError: name 'split_batch' is not defined"],
     ]
     assert sorted(p.relative_to(out).as_posix() for p in out.rglob("*.ipynb")) == [

@@ -14,6 +14,7 @@ import pytest
 from jax import lax
 
 import d2l_multi as d2l
+from d2l_multi.hardware import set_cpu_compiler_flags
 from recording import RecordingData
 
 N = 8
@@ -49,7 +50,7 @@ def test_lenets_convolutions_are_xlas_own_on_cpu():
     X, y = batch(8)
     hlo = jax.jit(jax.grad(d2l.loss_fn)).lower(params, X, y).compile().as_text()
     assert "convolution(" in hlo
-    if d2l.set_cpu_compiler_flags({"XLA_FLAGS": ""}):  # a jaxlib that knows the flag
+    if set_cpu_compiler_flags({"XLA_FLAGS": ""}):  # a jaxlib that knows the flag
         assert "__ynn_fusion" not in hlo
 
 
@@ -121,7 +122,7 @@ def test_train_reshuffles_every_epoch_and_a_rerun_sees_the_same_batches():
 def test_save_atomic_gives_a_new_file_s_mode_without_touching_the_umask(tmp_path,
                                                                        monkeypatch):
     """Setting the umask to read it would change it, for a moment, for every thread."""
-    from d2l_multi.cli import save_atomic
+    from d2l_multi.commands.common import save_atomic
     old = os.umask(0o027)
     try:
         def no_umask(mask):
@@ -139,8 +140,8 @@ def test_help_lists_every_command():
     for flag in ("--help", "-h"):
         result = run_cli(flag)
         assert result.returncode == 0, result.stderr
-        for command in ("train", "benchmark", "launch", "book"):
-            assert f"\n  {command} " in result.stdout, result.stdout
+        for command in ("train", "benchmark", "launch", "book", "classroom"):
+            assert f"\n    {command}" in result.stdout, result.stdout
         assert "python -m d2l_multi COMMAND --help" in result.stdout
 
 
@@ -169,7 +170,7 @@ def test_cli_train_on_one_device_simulates_one_device(tmp_path):
     (["train", "--batch-size", "0"], "--batch-size: must be a finite number > 0"),
     (["train", "--devices", "two"], "integers or 'all'"),
     (["train", "--out", "/dev/null/runs"], "cannot write into --out /dev/null/runs"),
-    (["frobnicate"], "unknown command"),
+    (["frobnicate"], "invalid choice: 'frobnicate'"),
 ])
 def test_cli_bad_arguments_exit_non_zero_with_one_message(args, message, tmp_path):
     result = run_cli(*args)
@@ -190,7 +191,7 @@ def test_cli_missing_data_prints_the_three_ways_without_a_traceback(tmp_path):
     """A full run with no copy anywhere (Debian's folder hidden too) and no network."""
     env = {k: v for k, v in os.environ.items() if k not in ("D2L_MULTI_DATA", "D2L_MULTI_SMOKE")}
     env["XDG_CACHE_HOME"] = str(tmp_path / "cache")
-    code = ("from d2l_multi import data, __main__ as m\n"
+    code = ("from d2l_multi import data, commands as m\n"
             "for spec in data.DATASETS.values(): spec['debian'] = None\n"
             "raise SystemExit(m.main(['train', '--epochs', '1', '--out', %r]))" % str(tmp_path))
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
@@ -212,7 +213,7 @@ def test_cli_train_with_cpu_devices_trains_every_count_in_one_process(tmp_path):
 
 
 def test_a_run_apart_that_fails_or_overruns_is_named_and_leaves_no_process(monkeypatch):
-    from d2l_multi import cli
+    from d2l_multi.commands import train as cli
     monkeypatch.setenv("D2L_MULTI_SMOKE", "1")
     with pytest.raises(ChildProcessError, match=r"the 1-device run in a process of its own "
                        r"failed \(exit code 2\); its messages are above"):
@@ -242,9 +243,9 @@ def _pids_mentioning(text):
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
 def test_stopping_train_stops_its_run_apart_and_removes_its_folder(tmp_path, sig):
     env = dict(os.environ, D2L_MULTI_SMOKE="1", TMPDIR=str(tmp_path))
-    code = ("import os, sys\nfrom d2l_multi import cli, __main__ as m\n"
-            "sys.exit(m.run('train', lambda argv: cli._run_apart(1, 256, 0.1, 200, 600, "
-            "dict(os.environ)), []))")  # what train does for a smaller device count
+    code = ("import os, sys\nfrom d2l_multi import commands as m\nfrom d2l_multi.commands import train as cli\n"
+            "sys.exit(m.run('train', lambda: cli._run_apart(1, 256, 0.1, 200, 600, "
+            "dict(os.environ))))")  # what train does for a smaller device count
     parent = subprocess.Popen([sys.executable, "-c", code], env=env, stdout=subprocess.DEVNULL,
                               stderr=subprocess.PIPE, text=True)
     try:

@@ -6,6 +6,8 @@ import numpy as np
 import pytest
 
 import d2l_multi as d2l
+from d2l_multi.data import MNIST
+from d2l_multi.smoke_switch import SMOKE_ENV
 from d2l_multi import data as dm
 
 FILES = {"train": ("train-images-idx3-ubyte.gz", "train-labels-idx1-ubyte.gz"),
@@ -226,11 +228,11 @@ def test_a_training_set_smaller_than_one_batch_is_refused(tiny):
 
 def test_smoke_switch_shrinks_the_data(tiny, monkeypatch):
     tiny_module = type("Tiny", (d2l.FashionMNIST,), {"name": "tiny", "smoke_sizes": (8, 4)})
-    monkeypatch.setenv(d2l.SMOKE_ENV, "1")
+    monkeypatch.setenv(SMOKE_ENV, "1")
     data = tiny_module(batch_size=4, data_dir=tiny["source"])
     assert len(data.train[0]) == 8 and len(data.val[0]) == 4
     assert len(tiny_module(4, data_dir=tiny["source"], num_train=5).train[0]) == 5
-    monkeypatch.setenv(d2l.SMOKE_ENV, "0")
+    monkeypatch.setenv(SMOKE_ENV, "0")
     data = tiny_module(batch_size=4, data_dir=tiny["source"])
     assert len(data.train[0]) == 20 and len(data.val[0]) == 10
 
@@ -240,7 +242,7 @@ real = pytest.mark.needs_full_data
 
 @real
 def test_real_fashion_mnist(monkeypatch):
-    monkeypatch.delenv(d2l.SMOKE_ENV, raising=False)  # all the data
+    monkeypatch.delenv(SMOKE_ENV, raising=False)  # all the data
     data = d2l.FashionMNIST(batch_size=256)
     (X, y), (Xt, yt) = data.train, data.val
     assert X.shape == (60000, 28, 28, 1) and Xt.shape == (10000, 28, 28, 1)
@@ -257,8 +259,8 @@ def test_real_fashion_mnist(monkeypatch):
 
 @real
 def test_real_mnist_and_d2l_style_api(monkeypatch):
-    monkeypatch.delenv(d2l.SMOKE_ENV, raising=False)  # all the data
-    mnist = d2l.MNIST(batch_size=128)
+    monkeypatch.delenv(SMOKE_ENV, raising=False)  # all the data
+    mnist = MNIST(batch_size=128)
     assert mnist.train[0].shape == (60000, 28, 28, 1) and mnist.text_labels([3]) == ["3"]
     train_iter, test_iter = d2l.load_data_fashion_mnist(1000)
     assert sum(len(yb) for _, yb in test_iter) == 10000
@@ -281,9 +283,9 @@ def no_full_copy(tmp_path, monkeypatch):
     dm._load_cached.cache_clear()
 
 
-@pytest.mark.parametrize("cls", [d2l.FashionMNIST, d2l.MNIST])
+@pytest.mark.parametrize("cls", [d2l.FashionMNIST, MNIST])
 def test_smoke_runs_use_the_shipped_sample_without_a_full_copy(cls, no_full_copy, monkeypatch):
-    monkeypatch.setenv(d2l.SMOKE_ENV, "1")
+    monkeypatch.setenv(SMOKE_ENV, "1")
     assert dm.dataset_dir(cls.name) == dm.sample_dir(cls.name)
     data = cls(batch_size=64, num_train=8192)  # asks for more: the smoke switch keeps 2048
     assert data.train[0].shape == (2048, 28, 28, 1) and data.val[0].shape == (512, 28, 28, 1)
@@ -294,7 +296,7 @@ def test_smoke_runs_use_the_shipped_sample_without_a_full_copy(cls, no_full_copy
 
 
 def test_full_runs_never_use_the_sample(no_full_copy, monkeypatch):
-    monkeypatch.delenv(d2l.SMOKE_ENV, raising=False)
+    monkeypatch.delenv(SMOKE_ENV, raising=False)
     with pytest.raises(dm.DataError, match="Provide the data in one of three ways"):
         dm.dataset_dir("fashion-mnist", progress=False)   # the download is refused offline
 
@@ -307,7 +309,7 @@ def test_a_damaged_sample_is_refused(no_full_copy, monkeypatch, tmp_path):
     name = "t10k-labels-idx1-ubyte.gz"
     (damaged / name).write_bytes(gzip.compress(b"\0\0\x08\x01\0\0\x02\0" + bytes(512)))
     monkeypatch.setattr(dm, "sample_dir", lambda _: damaged)
-    monkeypatch.setenv(d2l.SMOKE_ENV, "1")
+    monkeypatch.setenv(SMOKE_ENV, "1")
     with pytest.raises(dm.DataError, match=f"{name}: checksum mismatch"):
         d2l.FashionMNIST(64)
 

@@ -10,6 +10,7 @@ import jax
 import pytest
 
 import d2l_multi as d2l
+from d2l_multi.hardware import choose_devices, describe_machine, set_cpu_compiler_flags, size_cpu_thread_pool
 
 
 def run_python(code, timeout=120):
@@ -90,7 +91,7 @@ def fake(platform, n):
 def test_the_chapter_uses_accelerators_when_there_are_as_many_as_it_asks_for(
         gpus, chosen, reason):
     # a notebook asks for 8 devices (jax.make_mesh((8,), ...)): with 2-7 GPUs it would fail
-    devices, why = d2l.choose_devices(fake("gpu", gpus), fake("cpu", 8))
+    devices, why = choose_devices(fake("gpu", gpus), fake("cpu", 8))
     assert {d.platform for d in devices} == {chosen}
     assert reason is None or why == reason
     assert len(devices) == (gpus if chosen == "gpu" else 8)
@@ -99,7 +100,7 @@ def test_the_chapter_uses_accelerators_when_there_are_as_many_as_it_asks_for(
 @pytest.mark.parametrize("gpus,cpus,chosen", [(1, 1, "cpu"), (2, 1, "gpu"), (2, 2, "gpu"),
                                                (3, 4, "cpu")])
 def test_fewer_simulated_devices_ask_for_fewer_accelerators(gpus, cpus, chosen):
-    devices, why = d2l.choose_devices(fake("gpu", gpus), fake("cpu", cpus))
+    devices, why = choose_devices(fake("gpu", gpus), fake("cpu", cpus))
     assert devices[0].platform == chosen
     if (gpus, cpus) == (1, 1):
         assert why.startswith("1 simulated CPU device: with a single GPU")
@@ -143,7 +144,7 @@ def test_device_mesh_refuses_bad_shapes(shape, axis_names, message):
 ])
 def test_the_cpu_thread_pool_gets_two_threads_per_device(env, cores_or_set, monkeypatch):
     monkeypatch.setattr("os.sched_getaffinity", lambda pid: {0, 1}, raising=False)
-    d2l.size_cpu_thread_pool(8, env)
+    size_cpu_thread_pool(8, env)
     assert env.get("PJRT_NPROC") == cores_or_set
 
 
@@ -156,7 +157,7 @@ def test_the_cpu_thread_pool_gets_two_threads_per_device(env, cores_or_set, monk
     ({}, "0.9.2", None), ({}, "0.12.0", None), ({}, "0.13.0.dev20270101", None),
 ])
 def test_cpu_compiler_flags_are_added_for_the_jaxlib_versions_that_know_them(env, version, want):
-    d2l.set_cpu_compiler_flags(env, jaxlib_version=version)
+    set_cpu_compiler_flags(env, jaxlib_version=version)
     assert env.get("XLA_FLAGS") == want
 
 
@@ -170,7 +171,7 @@ def test_simulate_devices_turns_ynnpack_off_before_xla_starts():
         "hlo = f.lower(jnp.ones((5, 5, 20, 50)), jnp.ones((8, 13, 13, 20))).compile().as_text()\n"
         "print(os.environ.get('XLA_FLAGS'), '|', '__ynn_fusion' in hlo)")
     flags, ynn = out.strip().splitlines()[-1].split(" | ")
-    if d2l.set_cpu_compiler_flags({}):  # a jaxlib that knows the flag
+    if set_cpu_compiler_flags({}):  # a jaxlib that knows the flag
         assert flags.endswith("--xla_cpu_experimental_ynn_fusion_type=") and ynn == "False"
 
 
@@ -194,8 +195,9 @@ def test_a_plain_loop_of_queued_multi_device_steps_finishes():
 def test_the_machine_is_described_without_starting_jax():
     """What a timing was measured on (the benchmarks, the book's execution table): CPU, cores,
     load and OS, then the versions, with no JAX backend started."""
-    out = run_python("import sys, d2l_multi as d2l\nfrom d2l_multi import book\n"
-                     "print(d2l.describe_machine()); print(book.versions())\n"
+    out = run_python("import sys\nfrom d2l_multi.commands import book\n"
+                     "from d2l_multi.hardware import describe_machine\n"
+                     "print(describe_machine()); print(book.versions())\n"
                      "print(sorted(m for m in ('jax', 'flax') if m in sys.modules))")
     machine, versions, loaded = out.strip().splitlines()
     assert f"{__import__('os').cpu_count()} cores, load average " in machine

@@ -27,7 +27,9 @@ import numpy as np
 import pytest
 
 import d2l_multi as d2l
-from d2l_multi import launch, mp_train
+from d2l_multi import _checks as check
+from d2l_multi.distributed import assert_device_counts, detect_cluster, global_batch, launcher_settings
+from d2l_multi.commands import launch, mp_train
 from trees import assert_trees_close
 
 PY = sys.executable
@@ -115,13 +117,13 @@ def snapshot(directory):
 def test_launcher_settings_checks_process_id():
     env = launch.job_env(1, 2, 4, 1234)
     with pytest.raises(ValueError, match="PROCESS_ID=2 but the job has only 2 processes"):
-        d2l.launcher_settings({**env, "D2L_MULTI_PROCESS_ID": "2"})
+        launcher_settings({**env, "D2L_MULTI_PROCESS_ID": "2"})
     with pytest.raises(ValueError, match="NUM_PROCESSES='two' is not an integer"):
-        d2l.launcher_settings({**env, "D2L_MULTI_NUM_PROCESSES": "two"})
+        launcher_settings({**env, "D2L_MULTI_NUM_PROCESSES": "two"})
     with pytest.raises(ValueError, match="D2L_MULTI_JOB_SECRET is missing or malformed"):
-        d2l.launcher_settings({**env, "D2L_MULTI_JOB_SECRET": "guess"})
-    assert d2l.launcher_settings(env)["process_id"] == 1
-    assert d2l.launcher_settings({}) is None
+        launcher_settings({**env, "D2L_MULTI_JOB_SECRET": "guess"})
+    assert launcher_settings(env)["process_id"] == 1
+    assert launcher_settings({}) is None
 
 
 def dead_pid():
@@ -147,14 +149,14 @@ def test_settings_left_over_from_another_launch_are_refused_at_once():
 def test_detect_cluster():
     slurm = {"SLURM_JOB_ID": "7", "SLURM_STEP_NODELIST": "node[1-2]", "SLURM_NTASKS": "2",
              "SLURM_PROCID": "0", "SLURM_LOCALID": "0"}
-    assert d2l.detect_cluster(slurm) == "slurm"
-    assert d2l.detect_cluster({**slurm, "SLURM_NTASKS": "1"}) is None  # one task: alone
-    assert d2l.detect_cluster({"OMPI_MCA_orte_hnp_uri": "x", "OMPI_COMM_WORLD_SIZE": "4"}) \
+    assert detect_cluster(slurm) == "slurm"
+    assert detect_cluster({**slurm, "SLURM_NTASKS": "1"}) is None  # one task: alone
+    assert detect_cluster({"OMPI_MCA_orte_hnp_uri": "x", "OMPI_COMM_WORLD_SIZE": "4"}) \
         == "ompi"
-    assert d2l.detect_cluster({"KUBERNETES_SERVICE_HOST": "10.0.0.1"}) is None  # a pod
-    assert d2l.detect_cluster({"KUBERNETES_SERVICE_HOST": "10.0.0.1",
+    assert detect_cluster({"KUBERNETES_SERVICE_HOST": "10.0.0.1"}) is None  # a pod
+    assert detect_cluster({"KUBERNETES_SERVICE_HOST": "10.0.0.1",
                                "JOB_COMPLETION_INDEX": "0"}) == "k8s"
-    assert d2l.detect_cluster({}) is None
+    assert detect_cluster({}) is None
 
 
 def test_a_cloud_tpu_vm_is_told_by_libtpu_and_its_device_files(tmp_path, monkeypatch):
@@ -175,7 +177,7 @@ def test_a_cloud_tpu_vm_is_told_by_libtpu_and_its_device_files(tmp_path, monkeyp
     assert distributed._on_cloud_tpu_vm(tmp_path)
     monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None)
     assert not distributed._on_cloud_tpu_vm(tmp_path)             # chips, but no runtime
-    assert d2l.detect_cluster() is None                            # this machine
+    assert detect_cluster() is None                            # this machine
 
 
 def test_no_private_jax_module_is_imported():
@@ -249,9 +251,9 @@ def test_process_batches_split_global_batches(monkeypatch):
      "epoch must be a non-negative integer, got -1"),
     (lambda: list(d2l.process_batches(np.zeros(4), np.zeros(4), 2, seed=1.5)),
      "seed must be a non-negative integer, got 1.5"),
-    (lambda: d2l.global_batch("mesh", np.zeros(8)), "mesh must be a jax.sharding.Mesh"),
-    (lambda: d2l.global_batch(d2l.device_mesh()), "pass the arrays to assemble"),
-    (lambda: d2l.check_device_counts(0), "devices_per_process must be a positive integer"),
+    (lambda: global_batch("mesh", np.zeros(8)), "mesh must be a jax.sharding.Mesh"),
+    (lambda: global_batch(d2l.device_mesh()), "pass the arrays to assemble"),
+    (lambda: assert_device_counts(0), "devices_per_process must be a positive integer"),
     (lambda: launch.job_env(2, 2, 4, 1234), "process_id must be a whole number from 0 to 1"),
     (lambda: launch.job_env(0, 2, 0, 1234), "devices_per_process must be a whole number"),
     (lambda: launch.job_env(0, 2, 4, 0), "port must be a whole number from 1 to 65535"),
@@ -307,7 +309,7 @@ def test_mismatched_device_counts():
               '"import d2l_multi as d2l; d2l.initialize_distributed()"')
     job = Job(["-n", "2", "--devices-per-process", "4"], ["sh", "-c", worker, PY])
     assert job.finish(timeout=40) == 1, job.output
-    assert "ValueError: every process should have 4 device(s), but process 0: 4, process 1: 2" \
+    assert "InputError: every process should have 4 device(s), but process 0: 4, process 1: 2" \
         in job.output
     assert "--devices-per-process" in job.output
 
@@ -502,7 +504,7 @@ def test_a_program_this_launch_did_not_start_cannot_join():
         [PY, "-c", INTRUDED], env=dict(os.environ, **launch.job_env(1, 2, 1, port)),
         capture_output=True, text=True, timeout=120)
     assert job.finish(timeout=60) == 1, job.output
-    assert "[p0] PermissionError: process 1 did not show this launch's secret: a program " \
+    assert "[p0] d2l_multi.errors.NoAccessError: process 1 did not show this launch's secret: a program " \
            "that this launch did not start joined the job as process 1" in job.output
     assert "FAILED: worker p0 died first (exit code 1)" in job.output
     assert "] sum" not in job.output and "sum" not in intruder.stdout
@@ -978,7 +980,7 @@ def test_a_diverging_run_stops_and_commits_no_non_finite_checkpoint(tmp_path, ca
     for step in steps:
         state = d2l.restore_checkpoint(tmp_path / "checkpoints",
                                        mp_train.abstract_state(mp_train.data_mesh()), step)
-        d2l.check_finite(state)
+        check.finite(state)
     assert sorted(p.name for p in tmp_path.iterdir()) == [".lock", "checkpoints"]
 
 

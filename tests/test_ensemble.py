@@ -21,6 +21,9 @@ from flax import jax_utils
 from jax.sharding import NamedSharding, PartitionSpec as P
 
 import d2l_multi as d2l
+from d2l_multi import _checks as check
+from d2l_multi.ensemble import _check_ensemble_size
+from d2l_multi.smoke_switch import SMOKE_ENV
 from recording import RecordingData
 from trees import SGD_TOL, assert_trees_close
 
@@ -206,18 +209,18 @@ def test_stacked_size_must_divide_over_the_model_axis():
 ])
 def test_check_ensemble_size_suggestions(members, devices, fix):
     with pytest.raises(ValueError, match=f"ensemble of {members} does not divide"):
-        d2l.check_ensemble_size(members, devices)
+        _check_ensemble_size(members, devices)
     with pytest.raises(ValueError) as e:
-        d2l.check_ensemble_size(members, devices)
+        _check_ensemble_size(members, devices)
     assert fix in str(e.value)
-    d2l.check_ensemble_size(2 * devices, devices)  # several per device: fine
-    d2l.check_ensemble_size(devices, devices, one_per_device=True)
+    _check_ensemble_size(2 * devices, devices)  # several per device: fine
+    _check_ensemble_size(devices, devices, one_per_device=True)
 
 
 @pytest.mark.parametrize("bad", [0, -8, 2.0, True])
 def test_ensemble_size_must_be_a_positive_integer(bad):
     with pytest.raises(ValueError, match="positive number of models"):
-        d2l.check_ensemble_size(bad, NUM_DEVICES)
+        _check_ensemble_size(bad, NUM_DEVICES)
 
 
 def test_stacked_ensemble_needs_a_model_axis():
@@ -285,7 +288,7 @@ def test_train_ensemble_takes_one_ensemble_step_per_batch(monkeypatch, batches, 
                                                           capsys):
     """Notebook 08's loop: 2 epochs of 2 batches are 4 ensemble steps, the smoke switch or
     not, and it prints one line per epoch."""
-    monkeypatch.setenv(d2l.SMOKE_ENV, "1")
+    monkeypatch.setenv(SMOKE_ENV, "1")
     data = TinyData(batches)
     trained = d2l.train_ensemble(pmap_run[0], data, num_epochs=2)
     state = pmap_run[0]
@@ -319,7 +322,7 @@ def test_map_members_needs_a_model_axis():
                                   "create_stacked_ensemble", "map_members"])
 def test_the_public_name_checks_then_runs_the_shown_function(name):
     """The chapter shows these functions without argument checks; the library's public
-    names check first (d2l.validated), so bad input still gets a clear message."""
+    names check first (check.validated), so bad input still gets a clear message."""
     public = getattr(d2l, name)
     shown = inspect.unwrap(public)
     assert shown is not public

@@ -18,6 +18,7 @@ from jax.sharding import PartitionSpec as P
 
 import jax
 import d2l_multi as d2l
+from d2l_multi.flax_models import cnn_from_linen
 from trees import assert_trees_close
 
 K = 3                       # SGD steps, k >= 3
@@ -195,7 +196,7 @@ def nnx_cnn(mesh=None):
     """The NNX CNN holding flax_state()'s parameters and its SGD-with-momentum optimizer,
     replicated on ``mesh`` when one is given."""
     from flax import nnx
-    model = d2l.cnn_from_linen(flax_state().params)
+    model = cnn_from_linen(flax_state().params)
     optimizer = nnx.Optimizer(model, optax.sgd(LR, momentum=0.9), wrt=nnx.Param)
     if mesh is not None:
         nnx.update((model, optimizer), d2l.shard(nnx.state((model, optimizer)), mesh))
@@ -225,7 +226,7 @@ def test_classic_pmap_equals_modern_nnx(batches, mesh):
         grads, _, _ = d2l.apply_model(pmapped, *d2l.split_batch(X, y, NUM_DEVICES))
         pmapped = d2l.update_model(pmapped, grads)
         d2l.nnx_train_step(model, optimizer, *d2l.shard_batch(X, y, mesh))
-    classic = d2l.cnn_from_linen(jax_utils.unreplicate(pmapped).params)
+    classic = cnn_from_linen(jax_utils.unreplicate(pmapped).params)
     assert_trees_close(nnx.state(classic, nnx.Param), nnx.state(model, nnx.Param))
 
 

@@ -1,4 +1,4 @@
-"""The self-checking exercises (d2l_multi/exercises.py): every reference solution passes its
+"""The self-checking exercises (d2l_multi/exercises/): every reference solution passes its
 check, public and hidden cases; every plausible wrong answer fails with the hint meant for it;
 a starter fails with one line, never a traceback; and every main-line notebook has a check."""
 import json
@@ -26,27 +26,32 @@ MAIN_LINE = ["00_devices", "01_lenet_from_scratch", "02_allreduce",
 WRONG = [(name, i) for name, cases in answers.WRONG.items() for i in range(len(cases))]
 
 
+def check(name):
+    """The check called ``name`` ('allreduce.broadcast')."""
+    return exercises.check(*name.split("."))
+
+
 def test_every_main_line_notebook_has_checks_and_every_check_an_answer():
-    assert len(exercises.CHECKS) >= 25
-    assert set(exercises.CHECKS.values()) == set(MAIN_LINE)
-    assert set(answers.REFERENCE) == set(exercises.CHECKS) == set(answers.WRONG)
-    assert all(name in d2l.__all__ for name in exercises.CHECKS)
+    names = {f"{m}.{c}" for m, checks in exercises.CHECKS.items() for c in checks}
+    assert len(names) >= 25
+    assert set(exercises.CHECKS) == {exercises.module_of(nb) for nb in MAIN_LINE}
+    assert set(answers.REFERENCE) == names == set(answers.WRONG)
 
 
 @pytest.mark.parametrize("name", sorted(answers.REFERENCE))
 def test_the_reference_solution_passes(name, capsys):
-    getattr(d2l, name)(*answers.REFERENCE[name], hidden=True)  # the public cases, then more
+    check(name)(*answers.REFERENCE[name], hidden=True)  # the public cases, then more
     out = capsys.readouterr().out
-    assert out.startswith(f"PASS {name.removeprefix('verify_')}: ") and out.count("\n") == 1
+    assert out.startswith(f"PASS {name.split('.')[1]}: ") and out.count("\n") == 1
 
 
 @pytest.mark.parametrize("name,i", WRONG, ids=[f"{n}-{i}" for n, i in WRONG])
 def test_a_wrong_answer_fails_with_its_hint(name, i):
     wrong, hint = answers.WRONG[name][i]
-    with pytest.raises(d2l.CheckFailed) as failed:
-        getattr(d2l, name)(*wrong)
+    with pytest.raises(exercises.CheckFailed) as failed:
+        check(name)(*wrong)
     message = str(failed.value)
-    assert message.startswith(f"FAIL {name.removeprefix('verify_')}: ")
+    assert message.startswith(f"FAIL {name.split('.')[1]}: ")
     assert hint in message, message
     assert "\n" not in message and failed.value._render_traceback_() == [message]
 
@@ -58,8 +63,8 @@ def test_a_starter_fails_with_one_line(name):
     for starter in (answers.starter_function, answers.starter_raises):
         given = tuple(starter if callable(a) else answers.STARTER_VALUE
                       for a in answers.REFERENCE[name])
-        with pytest.raises(d2l.CheckFailed) as failed:
-            getattr(d2l, name)(*given)
+        with pytest.raises(exercises.CheckFailed) as failed:
+            check(name)(*given)
         message = str(failed.value)
         assert "\n" not in message and re.search(
             r"returned None|not written yet|is still `\.\.\.`", message), message
@@ -68,22 +73,22 @@ def test_a_starter_fails_with_one_line(name):
 def test_a_check_reports_an_exception_of_the_students_code_in_one_line():
     def broken(n, k):
         return n / 0
-    with pytest.raises(d2l.CheckFailed, match=r"`broken` raised ZeroDivisionError: division by "
+    with pytest.raises(exercises.CheckFailed, match=r"`broken` raised ZeroDivisionError: division by "
                                               r"zero$"):
-        d2l.verify_ring_bytes(broken)
+        check("allreduce.ring_bytes")(broken)
 
 
 def test_a_ring_check_names_the_students_function_as_they_named_it():
     def ring_sum(x, axis_name):
         from jax import lax
         return lax.psum(x, axis_name)
-    with pytest.raises(d2l.CheckFailed, match=r"`ring_sum` uses psum: write it with "
+    with pytest.raises(exercises.CheckFailed, match=r"`ring_sum` uses psum: write it with "
                                               r"lax\.ppermute alone"):
-        d2l.verify_ring_allreduce(ring_sum)
+        check("allreduce.ring_allreduce")(ring_sum)
 
 
 def test_importing_the_checks_starts_no_backend():
-    code = ("import sys, d2l_multi as d2l\nd2l.CHECKS\n"
+    code = ("import sys\nfrom d2l_multi import exercises\nexercises.CHECKS\n"
             "from jax._src import xla_bridge\n"
             "print(xla_bridge.backends_are_initialized(), 'flax' in sys.modules)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
@@ -93,18 +98,23 @@ def test_importing_the_checks_starts_no_backend():
 
 def test_the_teachers_guide_lists_every_check_with_its_notebook():
     guide = (ROOT / "docs" / "classroom.md").read_text()
-    for name, notebook in exercises.CHECKS.items():
-        assert re.search(rf"^\| `?{notebook}`? .*`{name}`", guide, re.M), (name, notebook)
+    for module, names in exercises.CHECKS.items():
+        notebook = next(nb for nb in MAIN_LINE if exercises.module_of(nb) == module)
+        for name in names:
+            assert re.search(rf"^\| `?{notebook}`? .*`{name}`", guide, re.M), (name, notebook)
 
 
-@pytest.mark.parametrize("name", sorted(exercises.CHECKS))
-def test_every_check_is_called_in_its_notebooks_solutions(name):
-    """A check no notebook calls is a check no student meets: its notebook's Solutions call it
-    in a cell of its own, as the classroom tools expect."""
-    notebook = ROOT / "chapters" / f"{exercises.CHECKS[name]}.ipynb"
+@pytest.mark.parametrize("module", sorted(exercises.CHECKS))
+def test_every_check_is_called_in_its_notebooks_solutions(module):
+    """A check no notebook calls is a check no student meets: its notebook's Solutions import
+    the checks as ``check`` and call each in a cell of its own, as the classroom tools
+    expect."""
+    notebook = next(p for p in ROOT.glob("chapters/*.ipynb")
+                    if exercises.module_of(p.stem) == module)
     cells = json.loads(notebook.read_text())["cells"]
     start = next(i for i, c in enumerate(cells)
                  if c["cell_type"] == "markdown" and "## Solutions" in "".join(c["source"]))
-    calls = [c for c in cells[start:] if c["cell_type"] == "code"
-             and f"d2l.{name}(" in "".join(c["source"])]
-    assert calls, f"{notebook.name} never calls d2l.{name} under ## Solutions"
+    code = ["".join(c["source"]) for c in cells[start:] if c["cell_type"] == "code"]
+    assert any(f"from d2l_multi.exercises import {module} as check" in c for c in code)
+    for name in exercises.CHECKS[module]:
+        assert any(f"check.{name}(" in c for c in code), f"{notebook.name} never calls {name}"

@@ -8,6 +8,7 @@ import pytest
 from flax import nnx
 
 import d2l_multi as d2l
+from d2l_multi.flax_models import LinenResNet18, cnn_from_linen
 from recording import RecordingData
 
 TINY_ARCH = ((1, 4), (1, 8))  # a two-stage ResNet: fast to compile
@@ -31,7 +32,7 @@ class TinyData:
 def test_cnn_from_linen_maps_the_layers_by_name():
     linen = d2l.LinenCNN()
     params = jax.jit(linen.init)(jax.random.key(1), jnp.ones((1, 28, 28, 1)))["params"]
-    model = d2l.cnn_from_linen(params)
+    model = cnn_from_linen(params)
     X = np.random.default_rng(0).random((4, 28, 28, 1), dtype=np.float32)
     np.testing.assert_allclose(np.asarray(nnx.jit(lambda m, x: m(x))(model, X)), np.asarray(
         jax.jit(linen.apply)({"params": params}, X)), rtol=1e-5, atol=1e-5)
@@ -41,7 +42,7 @@ def test_cnn_from_linen_maps_the_layers_by_name():
 
 def test_cnn_from_linen_refuses_other_parameters():
     with pytest.raises(ValueError, match=r"no layers \['Conv_1', 'Dense_1'\].*LinenCNN"):
-        d2l.cnn_from_linen({"Conv_0": {}, "Dense_0": {}})
+        cnn_from_linen({"Conv_0": {}, "Dense_0": {}})
 
 
 def test_resnet18_shapes_and_size():
@@ -55,13 +56,13 @@ def test_resnet18_shapes_and_size():
 
 
 def test_linen_resnet18_has_the_nnx_models_parameters():
-    model = d2l.LinenResNet18()
+    model = LinenResNet18()
     variables = jax.eval_shape(lambda: model.init(jax.random.key(0), jnp.ones((1, 28, 28, 1)),
                                                   train=False))
     assert sum(p.size for p in jax.tree.leaves(variables["params"])) == 11_175_818
     assert set(variables) == {"params", "batch_stats"}
     with pytest.raises(ValueError, match="width must be a positive integer|width must be a"):
-        d2l.LinenResNet18(width=0)
+        LinenResNet18(width=0)
 
 
 @pytest.mark.parametrize("arch, message", [

@@ -1,7 +1,7 @@
 """A notebook whose kernel loses a request or a reply fails at once, with a message that says
 which, instead of waiting out the cell timeout (tests/kernel_watchdog.py); and the client
 sends nothing on the shell channel while it waits for a reply there, which is how replies got
-lost (``d2l_multi.book.keep_widget_output_in_cells``)."""
+lost (``d2l_multi.commands.book.keep_widget_output_in_cells``)."""
 import time
 
 import nbformat

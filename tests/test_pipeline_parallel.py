@@ -12,6 +12,7 @@ from jax import lax
 from jax.sharding import NamedSharding, PartitionSpec as P
 
 import d2l_multi as d2l
+from d2l_multi.pipeline_parallel import _check_table
 
 BLOCKS, WIDTH, HIDDEN, BATCH = 8, 8, 16, 16
 ORDERS = {"gpipe": d2l.gpipe_order, "1f1b": d2l.one_f_one_b_order}
@@ -132,7 +133,7 @@ def test_schedules_take_2_m_plus_p_minus_1_slots_with_the_bubble(p, m):
     assert d2l.one_f_one_b_order(p, m) == reference_1f1b(p, m)
     for order in ORDERS.values():
         table = d2l.pipeline_schedule(order(p, m))
-        d2l.check_table(table)                       # every pass after the one it needs
+        _check_table(table)                       # every pass after the one it needs
         kinds = kinds_of(table)
         assert len(table) == 2 * (m + p - 1)
         assert np.allclose((kinds == d2l.IDLE).mean(axis=0), d2l.bubble_fraction(p, m))

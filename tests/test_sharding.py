@@ -9,6 +9,9 @@ import pytest
 from flax import nnx
 
 import d2l_multi as d2l
+from d2l_multi import _checks as check
+from d2l_multi.memory import transformer_footprint
+from d2l_multi.text import TINY_TEXT
 
 LR = 0.5  # plain SGD: equal updated parameters <=> equal gradients
 D_MODEL, NUM_HEADS, D_FF, SEQ_LEN, BATCH = 32, 8, 64, 16, 16
@@ -194,7 +197,7 @@ def test_char_corpus_batches_are_shifted_windows_of_the_text(corpus):
     X, Y = corpus.batch(3)
     assert X.shape == Y.shape == (BATCH, SEQ_LEN) and X.dtype == np.int32
     np.testing.assert_array_equal(X[:, 1:], Y[:, :-1])
-    assert corpus.decode(X[0]) in d2l.TINY_TEXT
+    assert corpus.decode(X[0]) in TINY_TEXT
     np.testing.assert_array_equal(corpus.batch(3)[0], X)      # the same batch every time
     assert not np.array_equal(corpus.batch(4)[0], X)
     assert corpus.vocab_size % 8 == 0 and corpus.vocab_size >= len(corpus.vocab)
@@ -220,7 +223,7 @@ def test_transformer_footprint_counts_the_parameters_of_the_model(layers, d, hea
                                                          rngs=nnx.Rngs(0)))
     n = d2l.count_params(nnx.state(model, nnx.Param))
     assert n == layers * (12 * d * d + 4 * d) + 2 * V * d + T * d + 2 * d  # the notebook's N
-    assert d2l.transformer_footprint(layers, d, heads, T, 4, V)[0] == n
+    assert transformer_footprint(layers, d, heads, T, 4, V)[0] == n
 
 
 def test_saved_activation_bytes_counts_residuals_not_arguments():
@@ -248,23 +251,23 @@ def _traced_activations(L, d, h, T, B, V, remat=False):
 
 def test_transformer_footprint_extrapolates_exactly():
     size = (4, 32, 4, 16, 4, 16)
-    assert d2l.transformer_footprint(*size)[1] == _traced_activations(*size)
+    assert transformer_footprint(*size)[1] == _traced_activations(*size)
 
 
 def test_rematerialisation_keeps_less_and_adds_one_block():
     size = (4, 32, 4, 64, 4, 16)
-    plain = d2l.transformer_footprint(*size)[1]
-    remat = d2l.transformer_footprint(*size, remat=True)[1]
+    plain = transformer_footprint(*size)[1]
+    remat = transformer_footprint(*size, remat=True)[1]
     one_block = (_traced_activations(2, *size[1:]) - _traced_activations(1, *size[1:]))
     assert remat == _traced_activations(*size, remat=True) + one_block
     assert remat < plain / 2
 
 
 def test_activations_grow_with_the_batch_and_faster_than_the_sequence():
-    base = d2l.transformer_footprint(2, 64, 8, 32, 16, 48)[1]
-    assert d2l.transformer_footprint(2, 64, 8, 32, 32, 48)[1] == pytest.approx(2 * base,
+    base = transformer_footprint(2, 64, 8, 32, 16, 48)[1]
+    assert transformer_footprint(2, 64, 8, 32, 32, 48)[1] == pytest.approx(2 * base,
                                                                               rel=0.01)
-    assert d2l.transformer_footprint(2, 64, 8, 64, 16, 48)[1] > 2.2 * base  # attention: T^2
+    assert transformer_footprint(2, 64, 8, 64, 16, 48)[1] > 2.2 * base  # attention: T^2
 
 
 def test_training_memory_adds_the_four_parts():
@@ -282,7 +285,7 @@ def test_training_memory_adds_the_four_parts():
     with pytest.raises(ValueError, match="activation_bytes"):
         d2l.training_memory(1000, activation_bytes=-1)
     with pytest.raises(ValueError, match="num_layers must be a positive integer"):
-        d2l.transformer_footprint(0, 64, 8, 32, 16, 48)
+        transformer_footprint(0, 64, 8, 32, 16, 48)
 
 
 # --- the notebooks define the constants they use ----------------------------------------------
@@ -300,7 +303,7 @@ def test_constants_in_the_notebooks_equal_the_library():
                 if (isinstance(node, ast.Assign) and isinstance(node.targets[0], ast.Name)
                         and node.targets[0].id.isupper()):
                     name = node.targets[0].id
-                    module = importlib.import_module(f"d2l_multi.{d2l._HOME[name]}")
+                    module = importlib.import_module(f"d2l_multi.{d2l._LAZY[name]}")
                     shown = eval(ast.unparse(node.value), vars(module))  # in the module's names
                     assert shown == getattr(d2l, name), (nb, name)
                     found.add(name)
@@ -314,9 +317,9 @@ def test_constants_in_the_notebooks_equal_the_library():
                                   "sharding_rules", "reshard", "shard_tokens"])
 def test_the_public_name_checks_then_runs_the_shown_function(name):
     """The chapter shows these functions without argument checks; the library's public
-    names check first (d2l.validated), so bad input still gets a clear message."""
+    names check first (check.validated), so bad input still gets a clear message."""
     import inspect
-    public = getattr(d2l, name)
+    public = transformer_footprint if name == "transformer_footprint" else getattr(d2l, name)
     shown = inspect.unwrap(public)
     assert shown is not public and "check" not in inspect.getsource(shown)
 

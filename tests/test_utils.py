@@ -8,6 +8,8 @@ import numpy as np
 import pytest
 
 import d2l_multi as d2l
+from d2l_multi import _checks as checks
+from d2l_multi.smoke_switch import SMOKE_ENV, pick, shrink, smoke
 
 PNG = b"\x89PNG\r\n\x1a\n"
 
@@ -70,21 +72,21 @@ def test_show_images_grid():
 
 def test_smoke_switch(monkeypatch):
     for on in ("1", "true", "YES", "on"):
-        monkeypatch.setenv(d2l.SMOKE_ENV, on)
-        assert d2l.smoke() and d2l.pick(10, 1) == 1
+        monkeypatch.setenv(SMOKE_ENV, on)
+        assert smoke() and pick(10, 1) == 1
     for off in ("", "0", "no"):
-        monkeypatch.setenv(d2l.SMOKE_ENV, off)
-        assert not d2l.smoke() and d2l.pick(10, 1) == 10
-    monkeypatch.delenv(d2l.SMOKE_ENV)
-    assert d2l.pick(10, 1) == 10  # unset: the real, full run
+        monkeypatch.setenv(SMOKE_ENV, off)
+        assert not smoke() and pick(10, 1) == 10
+    monkeypatch.delenv(SMOKE_ENV)
+    assert pick(10, 1) == 10  # unset: the real, full run
 
 
 def test_shrink_caps_only_in_smoke_mode(monkeypatch):
-    monkeypatch.setenv(d2l.SMOKE_ENV, "1")
-    assert d2l.shrink(None, 100) == 100 and d2l.shrink(50, 100) == 50
-    assert d2l.shrink(500, 100) == 100
-    monkeypatch.delenv(d2l.SMOKE_ENV)
-    assert d2l.shrink(None, 100) is None and d2l.shrink(500, 100) == 500
+    monkeypatch.setenv(SMOKE_ENV, "1")
+    assert shrink(None, 100) == 100 and shrink(50, 100) == 50
+    assert shrink(500, 100) == 100
+    monkeypatch.delenv(SMOKE_ENV)
+    assert shrink(None, 100) is None and shrink(500, 100) == 500
 
 
 @pytest.mark.parametrize("kwargs,message", [
@@ -98,8 +100,8 @@ def test_shrink_caps_only_in_smoke_mode(monkeypatch):
 ])
 def test_check_positive_names_the_value(kwargs, message):
     with pytest.raises(ValueError, match=re.escape(message)):
-        d2l.check_positive(**kwargs)
-    d2l.check_positive(lr=0.1, num_epochs=3, batch_size=256)  # fine: no error
+        checks.positive(**kwargs)
+    checks.positive(lr=0.1, num_epochs=3, batch_size=256)  # fine: no error
 
 
 def test_validated_class_checks_first_and_unwraps_to_the_shown_class():
@@ -113,7 +115,7 @@ def test_validated_class_checks_first_and_unwraps_to_the_shown_class():
         if x < 0:
             raise ValueError(f"x must be >= 0, got {x}")
 
-    Checked = d2l.validated(Point, check)
+    Checked = checks.validated(Point, check)
     assert Checked.__wrapped__ is Point  # inspect.unwrap stops at classes from Python 3.12 on
     assert inspect.getsource(Checked) == inspect.getsource(Point)
     assert (Checked.__name__, Checked.__doc__) == ("Point", "A point.")

@@ -31,21 +31,19 @@ import statistics
 import sys
 import time
 
+from ..errors import InputError
+from .. import _checks as check
+from ..hardware import set_cpu_compiler_flags
+from .. import smoke_switch
+
 EPOCH_IMAGES = 60000
 SUBCOMMANDS = ("lenet", "profile", "collectives", "predict", "models")
 COLLECTIVE_NAMES = ("psum", "all_gather", "psum_scatter", "ppermute")
 
 
-class _Parser(argparse.ArgumentParser):
-    """An argument parser whose errors are ValueErrors: one line, exit status 2."""
-
-    def error(self, message):
-        raise ValueError(f"{message} (see {self.prog} --help)")
-
-
 def _positive(name, value, example):
     if value < 1:
-        raise ValueError(f"{name} must be a positive integer, e.g. {name} {example}; got {value}")
+        raise InputError(f"{name} must be a positive integer, e.g. {name} {example}; got {value}")
     return value
 
 
@@ -53,10 +51,10 @@ def _counts(name, text, least, example):
     try:
         counts = [int(part) for part in text.split(",")]
     except ValueError:
-        raise ValueError(f"{name} takes comma-separated integers, e.g. {name} {example}; "
+        raise InputError(f"{name} takes comma-separated integers, e.g. {name} {example}; "
                          f"got {text!r}") from None
     if min(counts) < least:
-        raise ValueError(f"{name}: every count must be at least {least}, e.g. {name} "
+        raise InputError(f"{name}: every count must be at least {least}, e.g. {name} "
                          f"{example}; got {text}")
     return counts
 
@@ -64,7 +62,7 @@ def _counts(name, text, least, example):
 def _machine():
     import jax
     import jaxlib
-    from .hardware import describe_machine
+    from ..hardware import describe_machine
     devices = jax.devices()
     return "\n".join([
         f"machine: {describe_machine()}",
@@ -80,7 +78,7 @@ def xla_cpu_defaults():
     from importlib import metadata
     import d2l_multi as d2l
     version = metadata.version("jaxlib")
-    if not version.startswith(("0.10.", "0.11.")) or not d2l.set_cpu_compiler_flags({}, version):
+    if not version.startswith(("0.10.", "0.11.")) or not set_cpu_compiler_flags({}, version):
         return {}
     # jaxlib 0.10.2's defaults; with them 0.11.2 compiles LeNet's gradient to the same program
     # as with no flag (compared as text)
@@ -253,9 +251,7 @@ class _TorchRow:
         return (time.perf_counter() - t) / steps
 
 
-def lenet_main(argv):
-    p = _Parser(prog="python -m d2l_multi benchmark lenet",
-                description="Where LeNet's epoch time goes, formulation by formulation.")
+def _configure_lenet(p):
     p.add_argument("--devices", type=int, default=8,
                    help="N for the multi-device rows (simulated on CPU; default 8)")
     p.add_argument("--steps", type=int, default=None,
@@ -265,17 +261,19 @@ def lenet_main(argv):
                    help="rounds over all rows, each timing every row once; the table gives the "
                         "minimum and the median (default 3; 1 in smoke mode)")
     p.add_argument("--batch-size", type=int, default=256, help="global batch (default 256)")
-    args = p.parse_args(argv)
+
+
+def lenet_main(args):
     _positive("--devices", args.devices, 8)
     _positive("--batch-size", args.batch_size, 256)
     _positive("--rounds", args.rounds, 3)
     if args.steps is not None:
         _positive("--steps", args.steps, 60)
     import d2l_multi as d2l
-    d2l.check_divisible(args.batch_size, args.devices)
+    check.divisible(args.batch_size, args.devices)
     epoch_steps = EPOCH_IMAGES // args.batch_size
     if epoch_steps < 1:
-        raise ValueError(f"--batch-size {args.batch_size} is larger than an epoch of "
+        raise InputError(f"--batch-size {args.batch_size} is larger than an epoch of "
                          f"{EPOCH_IMAGES} images; use at most {EPOCH_IMAGES}")
     d2l.simulate_devices(args.devices)
     d2l.devices(args.devices)
@@ -284,10 +282,10 @@ def lenet_main(argv):
     print(f"XLA_FLAGS: {os.environ.get('XLA_FLAGS', '')}")
     data = d2l.FashionMNIST(args.batch_size)
     X, y = data.train
-    steps = min(args.steps or d2l.pick(epoch_steps, 10), epoch_steps)
-    rounds = d2l.shrink(args.rounds, 1)
+    steps = min(args.steps or smoke_switch.pick(epoch_steps, 10), epoch_steps)
+    rounds = smoke_switch.shrink(args.rounds, 1)
     print(f"timing {steps} steps of batch {args.batch_size} per row in each of {rounds} rounds; "
-          f"sec/epoch = time per step x {epoch_steps}" + (" [SMOKE RUN]" if d2l.smoke() else ""))
+          f"sec/epoch = time per step x {epoch_steps}" + (" [SMOKE RUN]" if smoke_switch.smoke() else ""))
     defaults = xla_cpu_defaults()
     formulations = [
         ("straightforward (d2l text): pmap, NCHW, host batches, XLA:CPU defaults",
@@ -487,30 +485,29 @@ def copy_cost(host, device):
             f"below the noise, the step with NumPy inputs {-copy:.2f} ms faster")
 
 
-def profile_main(argv):
-    p = _Parser(prog="python -m d2l_multi benchmark profile",
-                description="LeNet's training step part by part on one core: JAX's profiler "
-                            "beside PyTorch's.")
+def _configure_profile(p):
     p.add_argument("--batch-size", type=int, default=256, help="batch (default 256)")
     p.add_argument("--steps", type=int, default=20, help="profiled steps (default 20)")
     p.add_argument("--devices", type=int, default=8,
                    help="N: also time one device's share of the batch on N devices "
                         "(default 8)")
-    args = p.parse_args(argv)
+
+
+def profile_main(args):
     for name, value, example in (("--batch-size", args.batch_size, 256),
                                  ("--steps", args.steps, 20), ("--devices", args.devices, 8)):
         _positive(name, value, example)
     import tempfile
     import d2l_multi as d2l
-    d2l.check_divisible(args.batch_size, args.devices)
+    check.divisible(args.batch_size, args.devices)
     os.environ["PJRT_NPROC"] = "1"          # XLA:CPU's intra-op pool: one thread
-    d2l.set_cpu_compiler_flags()            # the chapter's flags, as d2l.simulate_devices sets
+    set_cpu_compiler_flags()            # the chapter's flags, as d2l.simulate_devices sets
     import jax
     jax.config.update("jax_num_cpu_devices", 1)
     print(_machine())
     print(_torch_version(threads=1))
     print(f"XLA_FLAGS: {os.environ.get('XLA_FLAGS', '')}; PJRT_NPROC=1 (one thread)")
-    B, steps = args.batch_size, d2l.shrink(args.steps, 2)
+    B, steps = args.batch_size, smoke_switch.shrink(args.steps, 2)
     X, y = d2l.FashionMNIST(B).train
 
     def step(params, X, y):
@@ -548,7 +545,7 @@ def profile_main(argv):
     names = list(columns)
     print(f"\none core, batch {B}, {steps} steps: milliseconds per step of each part (each "
           f"operation's time as the profiler records it)" +
-          (" [SMOKE RUN]" if d2l.smoke() else ""))
+          (" [SMOKE RUN]" if smoke_switch.smoke() else ""))
     print("| part | " + " | ".join(names) + " |\n|---|" + "---|" * len(names))
     parts = [p for p in PARTS if any(p in c for c in columns.values())]
     parts += sorted({p for c in columns.values() for p in c} - set(parts))
@@ -568,21 +565,21 @@ def profile_main(argv):
 
 # --- collectives: the alpha-beta model ------------------------------------------------------
 
-def collectives_main(argv):
-    p = _Parser(prog="python -m d2l_multi benchmark collectives",
-                description="Time collectives over message sizes and fit the alpha-beta model.")
+def _configure_collectives(p):
     p.add_argument("--devices", default="2,4,8", help="device counts (default 2,4,8)")
     p.add_argument("--collectives", default=",".join(COLLECTIVE_NAMES),
                    help=f"which collectives (default {','.join(COLLECTIVE_NAMES)})")
     p.add_argument("--max-mb", type=int, default=32,
                    help="largest message in MB; sizes go from 2 KB by factors of 4 (default 32)")
     p.add_argument("--repeat", type=int, default=5, help="timed samples per point (default 5)")
-    args = p.parse_args(argv)
+
+
+def collectives_main(args):
     counts = _counts("--devices", args.devices, 2, "2,4,8")
     collectives = args.collectives.split(",")
     unknown = sorted(set(collectives) - set(COLLECTIVE_NAMES))
     if unknown:
-        raise ValueError(f"--collectives: unknown {', '.join(unknown)}; choose from "
+        raise InputError(f"--collectives: unknown {', '.join(unknown)}; choose from "
                          f"{','.join(COLLECTIVE_NAMES)}")
     _positive("--max-mb", args.max_mb, 32)
     _positive("--repeat", args.repeat, 5)
@@ -593,7 +590,7 @@ def collectives_main(argv):
     print(_machine())
     sizes = [2048 * 4 ** i for i in range(12) if 2048 * 4 ** i <= args.max_mb * 2 ** 20]
     rows = d2l.measure_collectives(collectives, counts, sizes, args.repeat)
-    smoke = " [SMOKE RUN: not results]" if d2l.smoke() else ""
+    smoke = " [SMOKE RUN: not results]" if smoke_switch.smoke() else ""
     print(f"\nmedian of {args.repeat} samples, spread = min-max{smoke}")
     print("| collective | devices | bytes | median µs | spread µs | algbw GB/s | busbw GB/s |\n"
           "|---|---|---|---|---|---|---|")
@@ -625,22 +622,22 @@ def _bandwidth(beta):
 
 # --- predict: the cost model against LeNet's measured step ----------------------------------
 
-def predict_main(argv):
-    p = _Parser(prog="python -m d2l_multi benchmark predict",
-                description="LeNet's data-parallel step: measured and predicted.")
+def _configure_predict(p):
     p.add_argument("--devices", default="1,2,4,8", help="device counts (default 1,2,4,8)")
     p.add_argument("--batch-size", type=int, default=256, help="global batch (default 256)")
     p.add_argument("--repeat", type=int, default=10, help="timed steps per point (default 10)")
     p.add_argument("--rounds", type=int, default=3,
                    help="rounds over the device counts; medians over them (default 3)")
-    args = p.parse_args(argv)
+
+
+def predict_main(args):
     counts = _counts("--devices", args.devices, 1, "1,2,4,8")
     _positive("--batch-size", args.batch_size, 256)
     _positive("--repeat", args.repeat, 10)
     _positive("--rounds", args.rounds, 3)
     import d2l_multi as d2l
     for k in counts:
-        d2l.check_divisible(args.batch_size, k)
+        check.divisible(args.batch_size, k)
     d2l.simulate_devices(max(counts))
     d2l.devices(max(counts))
     print(_machine())
@@ -664,7 +661,7 @@ def predict_main(argv):
                                                  for n in sizes]), k)
              for k in counts if k > 1}
     samples = {k: [] for k in counts}
-    for _ in range(d2l.shrink(args.rounds, 1)):  # a k's timings see the machine alike
+    for _ in range(smoke_switch.shrink(args.rounds, 1)):  # a k's timings see the machine alike
         for k in counts:
             mesh = d2l.device_mesh((k,))
             share = d2l.cpu_time_call(step, params, *images(B // k), repeat=args.repeat)
@@ -672,7 +669,7 @@ def predict_main(argv):
                                      *d2l.shard(images(B), mesh, P("data")), repeat=args.repeat)
             samples[k].append((*share, *many))
     print(f"global batch {B}, gradient {grad_bytes} bytes, {cores} cores; medians of "
-          f"{d2l.shrink(args.rounds, 1)} rounds of {d2l.shrink(args.repeat, 2)} steps")
+          f"{smoke_switch.shrink(args.rounds, 1)} rounds of {smoke_switch.shrink(args.repeat, 2)} steps")
     print("compute: " + ("k shares of one device's CPU seconds over the cores p the k devices "
                          "kept busy (CPU seconds / wall seconds)" if on_cpu else
                          "one device's share, all devices at once"))
@@ -723,14 +720,14 @@ def _model_steps(width):
             f"ResNet-18 (width {width})": (resnet_init, resnet_step)}
 
 
-def models_main(argv):
-    p = _Parser(prog="python -m d2l_multi benchmark models",
-                description="LeNet and ResNet-18 steps on one device of each kind.")
+def _configure_models(p):
     p.add_argument("--batch-size", type=int, default=256, help="batch (default 256)")
     p.add_argument("--width", type=int, default=64,
                    help="ResNet-18's channels in its first stage (default 64, as in d2l)")
     p.add_argument("--repeat", type=int, default=10, help="timed steps (default 10)")
-    args = p.parse_args(argv)
+
+
+def models_main(args):
     for name, value, example in (("--batch-size", args.batch_size, 256),
                                  ("--width", args.width, 64), ("--repeat", args.repeat, 10)):
         _positive(name, value, example)
@@ -738,10 +735,10 @@ def models_main(argv):
     import jax.numpy as jnp
     import d2l_multi as d2l
     print(_machine())
-    from .hardware import _accelerators
+    from ..hardware import _accelerators
     kinds = [jax.devices("cpu")[0]] + _accelerators()[:1]
     B = args.batch_size
-    print(f"batch {B}; median of {d2l.shrink(args.repeat, 2)} steps after a warm-up; "
+    print(f"batch {B}; median of {smoke_switch.shrink(args.repeat, 2)} steps after a warm-up; "
           f"sec/epoch = ms/step x {EPOCH_IMAGES // B} steps; FLOPs as XLA:CPU counts them")
     print("| model | device | ms/step | images/s | s/epoch | GFLOP/step | TFLOP/s |\n"
           "|---|---|---|---|---|---|---|")
@@ -760,15 +757,26 @@ def models_main(argv):
     return 0
 
 
-def main(argv=None):
-    argv = list(sys.argv[1:] if argv is None else argv)
-    command = "lenet"
-    if argv and not argv[0].startswith("-"):
-        command = argv.pop(0)
-    elif argv and argv[0] in ("-h", "--help"):
-        print(__doc__)
-        return 0
-    if command not in SUBCOMMANDS:
-        raise ValueError(f"unknown benchmark {command!r}; use one of {', '.join(SUBCOMMANDS)}")
-    return {"lenet": lenet_main, "profile": profile_main, "collectives": collectives_main,
-            "predict": predict_main, "models": models_main}[command](argv)
+HELP = "where an epoch's time goes; 'benchmark models' times LeNet's and ResNet-18's steps"
+DESCRIPTION = ("The measurements behind docs/benchmarks.md; each prints the machine (CPU, cores, "
+               "load, OS, versions, devices). BENCHMARK is lenet unless named.")
+_DESCRIPTIONS = {"lenet": "Where LeNet's epoch time goes, formulation by formulation.", "profile": "LeNet's training step part by part on one core: JAX's profiler "
+                            "beside PyTorch's.", "collectives": "Time collectives over message sizes and fit the alpha-beta model.", "predict": "LeNet's data-parallel step: measured and predicted.", "models": "LeNet and ResNet-18 steps on one device of each kind."}
+
+
+def configure(p: argparse.ArgumentParser) -> None:
+    """The benchmarks, each a subcommand with its options; ``lenet`` when none is named."""
+    sub = p.add_subparsers(dest="benchmark", metavar="BENCHMARK", title="benchmarks",
+                           required=True)
+    for name, describe in _DESCRIPTIONS.items():
+        q = sub.add_parser(name, help=describe, description=describe)
+        globals()[f"_configure_{name}"](q)
+        q.set_defaults(main=globals()[f"{name}_main"])
+
+
+DEFAULT_SUBCOMMAND = "lenet"
+
+
+def run(args: argparse.Namespace) -> int:
+    """Run the benchmark ``args.benchmark``."""
+    return args.main(args)

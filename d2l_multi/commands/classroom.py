@@ -6,7 +6,7 @@
 
 The book's notebooks stay the one source. ``assignment`` turns one into nbgrader's format:
 the cells before ``## Solutions`` unchanged; for each exercise, an answer cell for the
-written part; a cell that calls a check (``d2l.verify_NAME(answer)``, d2l_multi/exercises.py)
+written part; a cell that calls a check (``check.NAME(answer)``, d2l_multi/exercises/)
 becomes an autograded test cell, with the same call and ``hidden=True`` as its hidden test;
 the code cell that defines the names the check takes becomes the answer cell whose starter
 keeps each function's signature and docstring and each value's name; every other solution
@@ -29,6 +29,8 @@ import textwrap
 import threading
 from concurrent.futures import ThreadPoolExecutor
 
+from ..errors import InputError
+
 SOLUTIONS = "## Solutions"
 ANSWERS = "## Answers"
 CODE_STUB = "...  # YOUR CODE HERE"
@@ -36,11 +38,11 @@ TEXT_STUB = "YOUR ANSWER HERE"
 BEGIN, END = "### BEGIN SOLUTION", "### END SOLUTION"
 BEGIN_HIDDEN, END_HIDDEN = "### BEGIN HIDDEN TESTS", "### END HIDDEN TESTS"
 LABEL = re.compile(r"^(?:\*\*(\d+)\.\*\*[ \t]*|#{3,4}[ \t]+(?:Exercise[ \t]+)?(\d+)\b.*$)")
-CHAPTERS = pathlib.Path(__file__).resolve().parent.parent / "chapters"
+CHAPTERS = pathlib.Path(__file__).resolve().parents[2] / "chapters"
 NOTEBOOK_KEY = "d2l_multi"  # notebook metadata: {"notebook": the book notebook's name}
 
 
-class ClassroomError(ValueError):
+class ClassroomError(InputError):
     """A notebook or a folder that the classroom commands cannot use, and why."""
 
 
@@ -64,8 +66,10 @@ def _code(text):
             "execution_count": None}
 
 
-def _check_calls(source, checks):
-    """The check calls of a cell made only of ``d2l.verify_NAME(...)`` calls, else None."""
+def _check_calls(source, aliases):
+    """The check calls of a cell made only of ``ALIAS.NAME(...)`` calls, ALIAS a module of
+    ``d2l_multi.exercises`` as the notebook imports it (``aliases``: {alias: (module, names)}),
+    else None."""
     try:
         tree = ast.parse(source)
     except SyntaxError:
@@ -75,7 +79,8 @@ def _check_calls(source, checks):
         call = stmt.value if isinstance(stmt, ast.Expr) else None
         func = getattr(call, "func", None)
         if not (isinstance(call, ast.Call) and isinstance(func, ast.Attribute)
-                and isinstance(func.value, ast.Name) and func.attr in checks):
+                and isinstance(func.value, ast.Name) and func.value.id in aliases
+                and func.attr in aliases[func.value.id][1]):
             return None
         calls.append(call)
     return calls or None
@@ -199,9 +204,37 @@ def _exercise_chunks(cells):
     return exercises
 
 
+def _check_aliases(cells, checks):
+    """{alias: (module, its check names)} for each ``from d2l_multi.exercises import MODULE
+    [as ALIAS]`` in the notebook's code cells (the book imports its notebook's checks as
+    ``check``)."""
+    aliases = {}
+    for cell in cells:
+        source = "".join(cell["source"]) if isinstance(cell["source"], list) else cell["source"]
+        try:
+            tree = ast.parse(source) if cell["cell_type"] == "code" else None
+        except SyntaxError:
+            continue
+        for node in ast.walk(tree) if tree else ():
+            if isinstance(node, ast.ImportFrom) and node.module == "d2l_multi.exercises":
+                for alias in node.names:
+                    if alias.name in checks:
+                        aliases[alias.asname or alias.name] = (alias.name,
+                                                               set(checks[alias.name]))
+    return aliases
+
+
 def assignment(nb, name, checks):
-    """The nbgrader source notebook of the book notebook ``nb`` (a dict), named ``name``."""
+    """The nbgrader source notebook of the book notebook ``nb`` (a dict), named ``name``;
+    ``checks`` maps each exercise module to its check names (``exercises.CHECKS``)."""
     cells = nb["cells"]
+    aliases = _check_aliases(cells, checks)
+
+    def imported(call):
+        alias = call.func.value.id
+        module = aliases[alias][0]
+        return f"from d2l_multi.exercises import {module}" + (
+            f" as {alias}" if alias != module else "")
     text = ["".join(c["source"]) if isinstance(c["source"], list) else c["source"]
             for c in cells]
     at = [i for i, (c, t) in enumerate(zip(cells, text))
@@ -226,7 +259,7 @@ def assignment(nb, name, checks):
         new.append(_markdown(f"### Exercise {k}"))
         new.append(_nbgrader(_markdown("\n".join(prose).strip("\n") or TEXT_STUB),
                              grade_id(f"ex{k}-written"), solution=True, grade=True, points=0))
-        calls = {i: _check_calls(src, checks) for i, src in enumerate(code)}
+        calls = {i: _check_calls(src, aliases) for i, src in enumerate(code)}
         wanted = {n for c in calls.values() if c for n in _argument_names(c)}
         found = set()
         other = []
@@ -247,7 +280,8 @@ def assignment(nb, name, checks):
                 for call in calls[i]:
                     check = call.func.attr
                     new.append(_nbgrader(_code("\n".join(
-                        [ast.unparse(call), BEGIN_HIDDEN, *_hidden([call]), END_HIDDEN])),
+                        [imported(call), ast.unparse(call), BEGIN_HIDDEN, *_hidden([call]),
+                         END_HIDDEN])),
                         grade_id(f"ex{k}-{check}"), grade=True, locked=True, points=1))
             elif _defines(src, wanted):
                 flush_other()
@@ -321,7 +355,7 @@ def _nbgrader_command(*args):
 def build_course(course, notebooks, timeout=120):
     """An nbgrader course in ``course``: ``source/NAME/NAME.ipynb`` (solutions and hidden
     tests), ``release/NAME/NAME.ipynb`` (the student edition) and ``gradebook.db``."""
-    from . import exercises
+    from .. import exercises
     course = pathlib.Path(course)
     (course / "source").mkdir(parents=True)
     (course / "nbgrader_config.py").write_text(CONFIG.format(
@@ -634,18 +668,19 @@ def _exercise_of(grade_id):
 
 
 def _check_of(grade_id):
-    m = re.match(r"ex\d+-(verify_\w+?)(?:-\d+)?$", grade_id or "")
+    m = re.match(r"ex\d+-(\w+?)(?:-\d+)?$", grade_id or "")
     return m.group(1) if m else grade_id
 
 
 # ----- command line -------------------------------------------------------------------------
 
-def main(argv=None):
-    parser = argparse.ArgumentParser(
-        prog="python -m d2l_multi classroom", description=textwrap.dedent("""\
-        The chapter as class assignments (docs/classroom.md): the student edition, an
-        nbgrader course with solutions and hidden tests, and offline grading."""),
-        formatter_class=argparse.RawDescriptionHelpFormatter)
+HELP = "build the student edition; grade a folder of submitted notebooks"
+DESCRIPTION = ("The chapter as class assignments (docs/classroom.md): the student edition, an "
+               "nbgrader course with solutions and hidden tests, and offline grading.")
+
+
+def configure(parser: argparse.ArgumentParser) -> None:
+    """The subcommands student, teacher and grade, with their arguments."""
     sub = parser.add_subparsers(dest="command", required=True)
     p = sub.add_parser("student", help="write the student edition: no solutions, starters")
     p.add_argument("out", type=pathlib.Path, help="a new folder")
@@ -667,7 +702,10 @@ def main(argv=None):
     p.add_argument("--full", action="store_true",
                    help="run the notebooks at full size (default: the library's quick mode, "
                         "D2L_MULTI_SMOKE=1, as the checks need no full training)")
-    args = parser.parse_args(argv)
+
+
+def run(args: argparse.Namespace) -> int:
+    """Run the classroom subcommand ``args.command``; return the exit status."""
     if args.command == "student":
         out = student_edition(args.out, args.notebooks)
         print(f"student edition: {len(list(out.glob('*.ipynb')))} notebooks in {out}")

@@ -1,35 +1,26 @@
 """``python -m d2l_multi train``: LeNet data parallel on 1 and N devices, table and plots."""
 import argparse
 import json
-import math
 import os
 import pathlib
-import secrets
 import subprocess
 import sys
 import tempfile
 import time
 
+from ..errors import Error, InputError
+from .. import _checks as check
+from ..hardware import cpu_threads, describe_machine
+from .. import smoke_switch
+from .common import positive, save_atomic, writable_dir
 
-class OneLineParser(argparse.ArgumentParser):
-    """An ArgumentParser whose errors are one line that names the fix (no usage block)."""
-
-    def error(self, message):
-        self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+HELP = "LeNet data parallel on 1 and N devices: a table and two plots (the default command)"
+DESCRIPTION = ("Train LeNet on Fashion-MNIST data-parallel on 1 and N devices (N simulated CPU "
+               "devices when there are fewer than N accelerators).")
 
 
-def positive(kind):
-    """An argparse type: a finite number of ``kind`` greater than 0."""
-    def parse(text):
-        try:
-            value = kind(text)
-        except ValueError:
-            what = "a whole number" if kind is int else "a number"
-            raise argparse.ArgumentTypeError(f"expected {what}, got {text!r}")
-        if not math.isfinite(value) or value <= 0:
-            raise argparse.ArgumentTypeError(f"must be a finite number > 0, got {text}")
-        return value
-    return parse
+class RunApartError(Error, ChildProcessError):
+    """A device count trained in a process of its own failed or ran too long."""
 
 
 def _device_counts(text):
@@ -49,11 +40,8 @@ def _device_counts(text):
     return counts
 
 
-def parser():
-    p = argparse.ArgumentParser(
-        prog="python -m d2l_multi train",
-        description="Train LeNet on Fashion-MNIST data-parallel on 1 and N devices "
-                    "(N simulated CPU devices when there are fewer than N accelerators).")
+def configure(p: argparse.ArgumentParser) -> None:
+    """The arguments of ``python -m d2l_multi train``."""
     p.add_argument("--devices", type=_device_counts, default=[1, "all"],
                    help="comma-separated device counts to compare (default: 1,all)")
     p.add_argument("--epochs", type=positive(int), default=10,
@@ -74,39 +62,6 @@ def parser():
                         "all the simulated devices, which slows a run on fewer of them)")
     p.add_argument("--out", type=pathlib.Path, default=pathlib.Path("runs"),
                    help="folder for the PNG plots and results.json (default: runs/)")
-    return p
-
-
-def writable_dir(path):
-    """Create ``path`` if needed and check that files can be written there, or raise
-    OSError naming the folder and the fix."""
-    path = pathlib.Path(path)
-    if path.exists() and not path.is_dir():
-        raise NotADirectoryError(f"--out {path} is a file, not a folder; pass a folder")
-    try:
-        path.mkdir(parents=True, exist_ok=True)
-        fd, probe = tempfile.mkstemp(dir=path, prefix=".write-test")
-        os.close(fd)
-        os.remove(probe)
-    except OSError as e:
-        raise PermissionError(f"cannot write into --out {path} ({e.strerror}); pass a folder "
-                              f"you can write to") from None
-    return path
-
-
-def save_atomic(path, write):
-    """Call ``write(tmp)`` with a temporary file next to ``path``, then rename it to ``path``:
-    the file is either complete or absent. It gets a new file's mode (the umask applies)."""
-    path = pathlib.Path(path)
-    tmp = path.parent / f".{path.name}.{secrets.token_hex(8)}{path.suffix}"
-    os.close(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666))
-    try:
-        write(tmp)
-        os.replace(tmp, path)
-    finally:
-        if os.path.exists(tmp):
-            os.remove(tmp)
-    return path
 
 
 class _Progress:
@@ -201,11 +156,11 @@ def _run_apart(n, batch, lr, epochs, limit, environ):
         if signals.received:
             raise KeyboardInterrupt
         if overran:
-            raise ChildProcessError(
+            raise RunApartError(
                 f"{who} (pid {proc.pid}) did not finish within {limit:.0f} s and was "
                 f"stopped; pass --cpu-devices to train every count in one process")
         if proc.returncode != 0:
-            raise ChildProcessError(
+            raise RunApartError(
                 f"{who} failed ({describe_exit(proc.returncode)})"
                 + ("; its messages are above" if proc.returncode > 0 else ""))
         run = json.loads(pathlib.Path(tmp, "results.json").read_text())["runs"][0]
@@ -216,8 +171,9 @@ def _run_apart(n, batch, lr, epochs, limit, environ):
     return {**run, "process_devices": n}
 
 
-def train_main(argv):
-    args = parser().parse_args(argv)
+def run(args: argparse.Namespace) -> int:
+    """Train on each device count of ``args.devices``; print the table, save plots and
+    results.json into ``args.out``; return the exit status."""
     started = time.perf_counter()
     import d2l_multi as d2l
     from .book import versions
@@ -230,15 +186,15 @@ def train_main(argv):
     configs = []
     for n in counts:
         if n > len(available) and available[0].platform == "cpu":
-            raise ValueError(f"asked for {n} devices but only {len(available)} simulated CPU "
+            raise InputError(f"asked for {n} devices but only {len(available)} simulated CPU "
                              f"devices exist; pass --cpu-devices {n} to simulate more")
         d2l.devices(n)
         scale = n if args.scale_batch else 1
         configs.append((n, args.batch_size * scale, args.lr * scale))
-        d2l.check_divisible(configs[-1][1], n)
+        check.divisible(configs[-1][1], n)
     out = writable_dir(args.out)
-    smoke = " [SMOKE RUN: not results]" if d2l.smoke() else ""
-    cpu, stack = d2l.describe_machine(), versions()  # printed now, saved with the results
+    smoke = " [SMOKE RUN: not results]" if smoke_switch.smoke() else ""
+    cpu, stack = describe_machine(), versions()  # printed now, saved with the results
     print(f"machine: {cpu}\n{stack}")
     print(f"LeNet on Fashion-MNIST, {args.epochs} epochs, {d2l.describe(available)} "
           f"available{smoke}")
@@ -257,7 +213,7 @@ def train_main(argv):
         started_run = time.perf_counter()
         runs[n] = {**_run_here(d2l, n, batch, lr, args.epochs),
                    "process_devices": len(available),
-                   "cpu_threads": max(d2l.cpu_threads(), len(available))
+                   "cpu_threads": max(cpu_threads(), len(available))
                    if available[0].platform == "cpu" else None}
         here_sec = time.perf_counter() - started_run
     runs = [runs[n] for n, _, _ in configs]
@@ -287,7 +243,7 @@ def train_main(argv):
     wall = time.perf_counter() - started
     print(f"wall time {wall:.0f} s (the whole command: imports, data, compilation, "
           f"training, evaluation)")
-    text = json.dumps({"smoke": d2l.smoke(), "epochs": args.epochs, "machine": machine,
+    text = json.dumps({"smoke": smoke_switch.smoke(), "epochs": args.epochs, "machine": machine,
                        "cpu": cpu, "versions": stack,
                        "wall_sec": wall, "runs": runs}, indent=1)
     results = save_atomic(out / "results.json", lambda tmp: pathlib.Path(tmp).write_text(text))

@@ -14,6 +14,7 @@ secret) before any data moves: see docs/multi_process.md for what a shared machi
     python -m d2l_multi launch --processes 2 --devices-per-process 4 -- \\
         python -m d2l_multi.mp_train --epochs 2
 """
+import argparse
 import hmac
 import math
 import os
@@ -27,10 +28,10 @@ import sys
 import threading
 import time
 
-from .cli import OneLineParser
-from .distributed import (COLLECTIVE_TIMEOUT_ENV, COORDINATOR_ENV, DEVICES_PER_PROCESS_ENV,
+from ..distributed import (COLLECTIVE_TIMEOUT_ENV, COORDINATOR_ENV, DEVICES_PER_PROCESS_ENV,
                           HEARTBEAT_TIMEOUT_ENV, LAUNCHER_PID_ENV, NUM_PROCESSES_ENV,
                           PROCESS_ID_ENV, SECRET_ENV)
+from ..errors import InputError
 
 HOST = "127.0.0.1"        # workers talk over loopback only; a multi-host job uses its cluster
 # gloo prints "[Gloo] Rank i is connected to N peer ranks. Expected number of connected peer
@@ -53,17 +54,20 @@ MAX_PROCESSES = 64  # workers share one machine's cores; more would only thrash 
 TIMEOUT_STATUS = 124  # the exit status of a job stopped by --timeout (as timeout(1) uses)
 
 
-class LaunchError(ValueError):
+class LaunchError(InputError):
     """A launcher argument is wrong; the message says which and how to fix it."""
 
 
-def parser():
-    p = OneLineParser(
-        prog="python -m d2l_multi launch",
-        usage="%(prog)s [options] -- COMMAND [ARGS ...]",
-        description="Start COMMAND as several JAX processes on this machine (127.0.0.1), "
-                    "each with its own devices, joined by jax.distributed. The command calls "
-                    "d2l_multi.initialize_distributed() first.")
+HELP = "run a command as K cooperating JAX processes on this machine"
+DESCRIPTION = ("Start COMMAND as several JAX processes on this machine (127.0.0.1), each with "
+               "its own devices, joined by jax.distributed. The command calls "
+               "d2l_multi.initialize_distributed() first.")
+USAGE = "python -m d2l_multi launch [options] -- COMMAND [ARGS ...]"
+
+
+def configure(p: argparse.ArgumentParser) -> None:
+    """The launcher's options (its COMMAND is split off first: ``split_command``)."""
+    p.usage = USAGE
     p.add_argument("--processes", "-n", type=int, default=2, metavar="K",
                    help=f"number of worker processes, 1..{MAX_PROCESSES} (default 2)")
     p.add_argument("--devices-per-process", type=int, default=1, metavar="D",
@@ -87,7 +91,6 @@ def parser():
                         f"(default: no limit)")
     p.add_argument("--verbose", action="store_true",
                    help="keep gloo's connection chatter ('[Gloo] Rank i is connected ...')")
-    return p
 
 
 _VALUED = {"--processes", "-n", "--devices-per-process", "--port", "--heartbeat-timeout",
@@ -208,7 +211,7 @@ def cpu_fallback(total_devices, environ=None, gpus=None):
     ``total_devices`` a job asks for: its workers then simulate CPU devices, as
     ``d2l.simulate_devices`` does for a notebook. ``{}`` where JAX_PLATFORMS is set already,
     where there is no GPU, or where there are enough (``gpus``: counted when None)."""
-    from .distributed import _gpus_here
+    from ..distributed import _gpus_here
     env = os.environ if environ is None else environ
     gpus = _gpus_here(env) if gpus is None else gpus
     if env.get("JAX_PLATFORMS", "").strip() or not gpus or gpus >= total_devices:
@@ -587,21 +590,18 @@ def run(command, processes, devices_per_process, port=None, heartbeat_timeout=10
         watchdog.close(release=not any(_group_alive(w.proc) for w in workers))
 
 
-def main(argv=None):
-    """Entry point of ``python -m d2l_multi launch``; returns the exit status."""
-    argv = list(sys.argv[1:] if argv is None else argv)
-    options, command = split_command(argv)
-    try:
-        args = parser().parse_args(options)
-    except SystemExit as e:  # the parser has printed the error (or --help)
-        return e.code
-    try:
-        check_args(args, command)
-        if args.port is not None:
-            check_port(args.port)
-    except LaunchError as e:
-        print(f"python -m d2l_multi launch: error: {e}", file=sys.stderr)
-        return 2
+def main(argv: list[str] | None = None) -> int:
+    """``python -m d2l_multi launch ARGS``; returns the exit status."""
+    from . import main as commands_main
+    return commands_main(["launch", *(sys.argv[1:] if argv is None else argv)])
+
+
+def run_command(args: argparse.Namespace) -> int:
+    """Run ``args.command`` (the words after the options) under the launcher."""
+    command = args.command
+    check_args(args, command)
+    if args.port is not None:
+        check_port(args.port)
     problem = command_problem(command)
     if problem:
         print(f"python -m d2l_multi launch: error: {problem}", file=sys.stderr)
@@ -609,7 +609,3 @@ def main(argv=None):
     return run(command, args.processes, args.devices_per_process, args.port,
                args.heartbeat_timeout, args.collective_timeout, args.grace_period,
                args.verbose, args.timeout)
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -18,6 +18,7 @@ import shutil
 import sys
 import tempfile
 import time
+from ..errors import AlreadyExistsError, InputError, NotFoundError
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 MODES = ("full", "smoke", "off")
@@ -41,16 +42,16 @@ def check_replaceable(folder):
     if not folder.exists():
         return
     if not folder.is_dir():
-        raise FileExistsError(f"{folder} is a file; pass --out a new or empty folder")
+        raise AlreadyExistsError(f"{folder} is a file; pass --out a new or empty folder")
     if os.path.ismount(folder):
-        raise FileExistsError(f"{folder} is a mount point, which the build cannot replace; "
+        raise AlreadyExistsError(f"{folder} is a mount point, which the build cannot replace; "
                               f"pass --out a folder inside it")
     listing = folder / LISTING
     written = set(listing.read_text().splitlines()) if listing.is_file() else set()
     others = sorted(_files(folder) - written - {LISTING})
     if others:
         more = f" and {len(others) - 3} more" if len(others) > 3 else ""
-        raise FileExistsError(f"{folder} holds files that no build of the book wrote "
+        raise AlreadyExistsError(f"{folder} holds files that no build of the book wrote "
                               f"({', '.join(others[:3])}{more}); the build replaces the "
                               f"folder, so pass --out a new or empty folder, or move them")
 
@@ -95,11 +96,11 @@ def stage_sources(root, dest):
     source folder."""
     paths = book_paths(root)
     if not (paths["conf"] / "conf.py").is_file():
-        raise FileNotFoundError(f"{paths['conf'] / 'conf.py'} is missing: build the book from a "
+        raise NotFoundError(f"{paths['conf'] / 'conf.py'} is missing: build the book from a "
                                 f"checkout of the chapter (it has book/ and chapters/)")
     notebooks = sorted(paths["chapters"].glob("*.ipynb"))
     if not notebooks:
-        raise FileNotFoundError(f"no notebooks in {paths['chapters']}: the book needs "
+        raise NotFoundError(f"no notebooks in {paths['chapters']}: the book needs "
                                 f"chapters/*.ipynb")
     shutil.copytree(paths["conf"], dest, ignore=shutil.ignore_patterns("__pycache__"))
     (dest / "chapters").mkdir()
@@ -159,7 +160,7 @@ def build_book(out=None, mode="full", root=ROOT, rerun=False, quiet=False):
     An existing ``out`` is replaced only if it is empty or an earlier build of the book.
     """
     if mode not in MODES:
-        raise ValueError(f"mode is {mode!r}; use one of {', '.join(MODES)}")
+        raise InputError(f"mode is {mode!r}; use one of {', '.join(MODES)}")
     missing = [name for name in NEEDS if importlib.util.find_spec(name) is None]
     if missing:
         raise RuntimeError(f"the book needs {', '.join(missing)}, which are not installed: "
@@ -242,12 +243,14 @@ def forget_staged_notebooks(cache):
             cache.remove_nb_from_project(record.pk)
 
 
-def parse_args(argv):
-    parser = argparse.ArgumentParser(
-        prog="python -m d2l_multi book",
-        description="Build the chapter as a book (HTML) from book/ and chapters/*.ipynb. "
-                    "By default every notebook is executed (cached by jupyter-cache: a rebuild "
-                    "re-runs only notebooks whose code changed).")
+HELP = "build the chapter as an HTML book"
+DESCRIPTION = ("Build the chapter as a book (HTML) from book/ and chapters/*.ipynb. By default "
+               "every notebook is executed (cached by jupyter-cache: a rebuild re-runs only "
+               "notebooks whose code changed).")
+
+
+def configure(parser: argparse.ArgumentParser) -> None:
+    """The options of ``python -m d2l_multi book``."""
     how = parser.add_mutually_exclusive_group()
     how.add_argument("--smoke", action="store_true",
                      help="execute with D2L_MULTI_SMOKE=1 (quick; numbers are not results)")
@@ -260,7 +263,6 @@ def parse_args(argv):
                              "first, e.g. after changing d2l_multi (the cache only notices "
                              "changes to the notebooks)")
     parser.add_argument("--quiet", "-q", action="store_true", help="print only warnings")
-    return parser.parse_args(argv)
 
 
 def versions():
@@ -276,12 +278,12 @@ def versions():
     return ", ".join(found)
 
 
-def main(argv=None):
-    args = parse_args(sys.argv[1:] if argv is None else argv)
+def run(args: argparse.Namespace) -> int:
+    """Build the book as ``args`` say; return the exit status."""
     mode = "smoke" if args.smoke else "off" if args.no_execute else "full"
     start = time.perf_counter()
     if mode != "off":  # execution times mean something only next to the machine that ran them
-        from .hardware import describe_machine
+        from ..hardware import describe_machine
         print(f"machine before the build: {describe_machine()}\n{versions()}")
     try:
         index, rows = build_book(args.out, mode, rerun=args.rerun, quiet=args.quiet)
@@ -294,7 +296,3 @@ def main(argv=None):
     print(f"book ({mode} build) written to {index.parent} in {seconds:.0f} s; "
           f"open {index}")
     return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

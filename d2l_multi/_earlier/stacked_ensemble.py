@@ -1,0 +1,6 @@
+"""What the ``#@save`` code of ``d2l_multi.stacked_ensemble`` (notebook A2) calls as ``d2l.NAME``:
+the functions of earlier notebooks, imported from where they are defined."""
+from ..ensemble import member_step
+from ..flax_models import create_train_state
+
+__all__ = ["create_train_state", "member_step"]

@@ -1,0 +1,59 @@
+"""Exercises that check themselves: ``check.NAME(answer)`` runs the student's function or
+value on small cases with the simulated devices and prints ``PASS NAME: ...``, or fails
+with one line that says what is wrong in the exercise's terms ("your update is 8x too large:
+did you psum instead of pmean?") -- never the answer, never a traceback.
+
+A failed check raises ``CheckFailed``, an ``AssertionError`` that Jupyter shows as that one line
+(``_render_traceback_``), so nbgrader scores the cell 0 (docs/classroom.md). ``hidden=True``
+adds the cases a teacher's autograder runs beyond the public ones: other sizes, other numbers
+of devices, other seeds. ``CHECKS`` lists each notebook's checks; they live in the module named
+after the notebook (``02_allreduce`` -> ``d2l_multi.exercises.allreduce``), which a notebook
+imports as ``check``: ``from d2l_multi.exercises import allreduce as check``.
+
+Every check takes only what the student wrote and builds its own small problem, so it runs in
+seconds on a laptop CPU with 8 simulated devices.
+"""
+import importlib
+from collections.abc import Callable
+
+from ._common import CheckFailed
+
+__all__ = ["CHECKS", "CheckFailed", "module_of", "check"]
+
+CHECKS = {  # module (a notebook's name without its number): the checks of its exercises
+    "devices": ["mesh_layout"],
+    "lenet_from_scratch": ["cross_entropy", "sgd_update"],
+    "allreduce": ["broadcast", "reduce_scatter", "all_gather", "ring_allreduce", "ring_bytes"],
+    "data_parallel_from_scratch": ["split_batch", "pmean_step", "grad_accumulation"],
+    "jit_and_shardings": ["jit_data_parallel"],
+    "shard_map": ["shard_map_grad"],
+    "flax": ["nnx_step"],
+    "batchnorm": ["batch_stats"],
+    "resnet": ["flops_per_byte"],
+    "keras": ["keras_step"],
+    "collectives": ["alpha_beta", "bus_bandwidth"],
+    "predicting_steps": ["step_time"],
+    "mixed_precision": ["master_weights"],
+    "ensembles": ["ensemble_average"],
+    "memory_and_remat": ["training_memory", "remat_memory"],
+    "transformer_and_meshes": ["logical_rules"],
+    "fsdp_and_tensor_parallelism": ["fsdp_spec", "megatron_specs"],
+    "pipeline_parallelism": ["gpipe_bubble", "one_f_one_b"],
+    "overlapping_communication": ["overlapped_step"],
+    "checkpoints": ["restore_target"],
+    "input_pipelines": ["exact_resume"],
+    "multi_process": ["process_rows"],
+    "failures_and_clusters": ["checkpoint_interval"],
+}
+
+
+def module_of(notebook: str) -> str:
+    """The module holding ``notebook``'s checks: ``'02_allreduce'`` -> ``'allreduce'``."""
+    return notebook.split("_", 1)[-1]
+
+
+def check(module: str, name: str) -> Callable[..., None]:
+    """The check ``name`` of a notebook's exercises, e.g. ``check('allreduce', 'broadcast')``."""
+    if name not in CHECKS.get(module, ()):
+        raise AttributeError(f"d2l_multi.exercises.{module} has no exercise check {name!r}")
+    return getattr(importlib.import_module(f".{module}", __name__), name)
