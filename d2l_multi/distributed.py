@@ -26,7 +26,7 @@ import numpy as np
 from jax.sharding import NamedSharding, PartitionSpec as P
 
 from . import _checks as check
-from .errors import InputError, NoAccessError
+from .errors import InputError, NoAccessError, PathError
 from .hardware import device_mesh, set_cpu_compiler_flags, size_cpu_thread_pool
 
 
