@@ -29,6 +29,7 @@ import pytest
 import d2l_multi as d2l
 from d2l_multi import _checks as check
 from d2l_multi.distributed import assert_device_counts, detect_cluster, global_batch, launcher_settings
+from d2l_multi import commands
 from d2l_multi.commands import launch, mp_train
 from trees import assert_trees_close
 
@@ -343,7 +344,7 @@ def test_port_in_use(capsys):
         s.bind(("127.0.0.1", 0))
         s.listen()
         port = s.getsockname()[1]
-        code = launch.main(["--port", str(port), "--", PY, "-c", "pass"])
+        code = commands.main(["launch", "--port", str(port), "--", PY, "-c", "pass"])
     assert code == 2
     err = capsys.readouterr().err
     assert f"port {port} on 127.0.0.1 is already in use" in err and "--port" in err
@@ -377,7 +378,7 @@ OK = ["--", PY, "-c", "pass"]  # a command that would run
     (["--", "no_such_script.py"], 127, "no Python script 'no_such_script.py'"),
 ])
 def test_launch_refuses_bad_arguments_before_starting_anything(capsys, argv, status, message):
-    assert launch.main(argv) == status
+    assert commands.main(["launch", *argv]) == status
     err = capsys.readouterr().err
     assert message in err, err
     assert len(err.strip().splitlines()) == 1 and "Traceback" not in err, err

@@ -590,12 +590,6 @@ def run(command, processes, devices_per_process, port=None, heartbeat_timeout=10
         watchdog.close(release=not any(_group_alive(w.proc) for w in workers))
 
 
-def main(argv: list[str] | None = None) -> int:
-    """``python -m d2l_multi launch ARGS``; returns the exit status."""
-    from . import main as commands_main
-    return commands_main(["launch", *(sys.argv[1:] if argv is None else argv)])
-
-
 def run_command(args: argparse.Namespace) -> int:
     """Run ``args.command`` (the words after the options) under the launcher."""
     command = args.command
