@@ -94,7 +94,7 @@ def _check_hlo_text(hlo_text):
     """Raise a TypeError unless ``hlo_text`` is HLO text (a string), not a compiled program."""
     if not isinstance(hlo_text, str):
         raise InputError(f"count_collectives reads HLO text, not a {type(hlo_text).__name__}; "
-                        f"pass f.lower(*args).compile().as_text()")
+                         f"pass f.lower(*args).compile().as_text()")
 
 
 make_train_step = check.validated(make_train_step, _check_train_step)

@@ -206,11 +206,11 @@ def cpu_time_call(f, *args, repeat=5):
 
 
 def _check_step_time_inputs(compute_time, num_devices, grad_bytes, alpha, beta, overlap=False,
-                           parallelism=None):
+                            parallelism=None):
     """Raise a ValueError unless k and the parallelism are > 0, the compute time is finite
     and the compute time, gradient bytes, alpha and beta are >= 0."""
     check.positive(num_devices=num_devices,
-                       parallelism=num_devices if parallelism is None else parallelism)
+                   parallelism=num_devices if parallelism is None else parallelism)
     if not (math.isfinite(compute_time) and min(compute_time, grad_bytes, alpha, beta) >= 0):
         raise InputError(f"compute_time, grad_bytes, alpha and beta must be finite and >= 0, got "
                          f"{compute_time}, {grad_bytes}, {alpha}, {beta}")

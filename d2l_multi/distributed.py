@@ -218,7 +218,7 @@ def _port_in_use(address):
             if e.errno != errno.EADDRINUSE:
                 return None  # leave it to JAX
             return PathError(f"process 0 could not start the coordinator on {address}: that port "
-                           f"is in use. Launch again without --port to get a free one")
+                             f"is in use. Launch again without --port to get a free one")
     return None
 
 

@@ -36,7 +36,7 @@ def _check_ensemble_size(num_members, num_devices, one_per_device=False):
             f"divides {num_members}")
     try:
         check.divisible(num_members, num_devices, "an ensemble of",
-                            "devices of the mesh's 'model' axis")
+                        "devices of the mesh's 'model' axis")
     except ValueError as e:
         axis = max(d for d in range(1, num_devices + 1)
                    if num_members % d == 0 and num_devices % d == 0)
@@ -85,7 +85,7 @@ def train_ensemble(state, data, num_epochs):
 
 def _check_pmap_keys(rngs, learning_rate, momentum):
     _check_ensemble_size(len(rngs), jax.local_device_count(),
-                        one_per_device=True)
+                         one_per_device=True)
 
 
 def _check_epochs(state, data, num_epochs):

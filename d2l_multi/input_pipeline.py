@@ -98,12 +98,12 @@ def grain_loader(source, batch_size, seed=0, num_epochs=None,
 
 
 def _check_grain_loader(source, batch_size, seed=0, num_epochs=None,
-                       shard_options=None):
+                        shard_options=None):
     """Raise a ValueError unless the arguments make a pipeline."""
     if shard_options is None:
         shard_options = grain.sharding.ShardByJaxProcess(drop_remainder=True)
     _check_loader_inputs(len(source), shard_options.shard_count, batch_size,
-                            seed, num_epochs)
+                         seed, num_epochs)
 
 
 grain_loader = check.validated(grain_loader, _check_grain_loader)

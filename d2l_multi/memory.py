@@ -36,7 +36,7 @@ def training_memory(num_params, activation_bytes=0, optimizer="adam",
 
 
 def _check_training_memory(num_params, activation_bytes=0, optimizer="adam",
-                          param_shards=1, batch_shards=1, bytes_per_value=4):
+                           param_shards=1, batch_shards=1, bytes_per_value=4):
     """Raise a ValueError unless ``optimizer`` is in ``OPTIMIZER_STATE_COPIES``,
     the sizes are > 0 and the activations >= 0 (``training_memory``'s
     arguments)."""
@@ -45,8 +45,8 @@ def _check_training_memory(num_params, activation_bytes=0, optimizer="adam",
                          f"{sorted(OPTIMIZER_STATE_COPIES)} or add it to "
                          f"OPTIMIZER_STATE_COPIES")
     check.positive(num_params=num_params, param_shards=param_shards,
-                       batch_shards=batch_shards,
-                       bytes_per_value=bytes_per_value)
+                   batch_shards=batch_shards,
+                   bytes_per_value=bytes_per_value)
     if not activation_bytes >= 0:
         raise InputError(f"activation_bytes must be a number >= 0, "
                          f"got {activation_bytes!r}")
@@ -92,10 +92,10 @@ def transformer_footprint(num_layers, d_model, num_heads, seq_len, batch_size,
 
 
 def _check_transformer_footprint(num_layers, d_model, num_heads, seq_len,
-                                batch_size, vocab_size, remat=False):
+                                 batch_size, vocab_size, remat=False):
     """Raise a ValueError unless the layers and the batch size are > 0."""
     check.positive(num_layers=num_layers, batch_size=batch_size)
 
 
 transformer_footprint = check.validated(transformer_footprint,
-                                  _check_transformer_footprint)
+                                        _check_transformer_footprint)

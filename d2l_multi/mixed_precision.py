@@ -96,8 +96,8 @@ def partitioned_hlo(lowered):
     place: the dump options are not part of the cache's key."""
     if not isinstance(lowered, jax.stages.Lowered):
         raise InputError(f"partitioned_hlo reads a lowered program, not a "
-                        f"{type(lowered).__name__}; pass "
-                        f"jax.jit(f).lower(*args)")
+                         f"{type(lowered).__name__}; pass "
+                         f"jax.jit(f).lower(*args)")
     with tempfile.TemporaryDirectory(prefix="d2l_hlo_") as folder:
         lowered.compile(compiler_options={
             "xla_dump_to": folder,
@@ -113,8 +113,8 @@ def _check_allreduce_bytes(hlo_text):
     """Raise a TypeError unless ``hlo_text`` is HLO text (a string)."""
     if not isinstance(hlo_text, str):
         raise InputError(f"allreduce_bytes reads HLO text, not a "
-                        f"{type(hlo_text).__name__}; pass "
-                        f"f.lower(*args).compile().as_text()")
+                         f"{type(hlo_text).__name__}; pass "
+                         f"f.lower(*args).compile().as_text()")
 
 
 def _check_lost_updates(params, updates, dtype):
@@ -143,12 +143,12 @@ def _check_mixed_step(optimizer, loss, compute_dtype=jnp.bfloat16):
     check.optimizer(optimizer)
     if not callable(loss):
         raise InputError(f"loss must be a function loss(params, X, y), got "
-                        f"{loss!r}")
+                         f"{loss!r}")
     _check_float_dtype(compute_dtype)
 
 
 def _check_train_sharded(train_step, params, optimizer, data, mesh,
-                        num_epochs):
+                         num_epochs):
     """Refuse a non-positive epoch count, or batches (training or test) that
     do not split evenly over the devices of ``mesh``."""
     check.positive(num_epochs=num_epochs)
@@ -156,11 +156,11 @@ def _check_train_sharded(train_step, params, optimizer, data, mesh,
     check.divisible(data.batch_size, mesh.size)
     last = len(data.val[1]) % data.batch_size  # a smaller last test batch
     check.divisible(last or data.batch_size, mesh.size,
-                        "the last test batch: size")
+                    "the last test batch: size")
 
 
 lost_updates = check.validated(lost_updates, _check_lost_updates)
 make_mixed_precision_step = check.validated(make_mixed_precision_step,
-                                      _check_mixed_step)
+                                            _check_mixed_step)
 allreduce_bytes = check.validated(allreduce_bytes, _check_allreduce_bytes)
 train_sharded = check.validated(train_sharded, _check_train_sharded)

@@ -40,8 +40,8 @@ def _check_finite_loss(loss, epoch, lr, batch_size):
     """Raise a DivergedError suggesting a smaller ``lr`` unless ``loss`` is finite."""
     if not math.isfinite(loss):
         raise DivergedError(f"the loss became {loss} in epoch {epoch} with lr={lr:g}, "
-                                 f"too large for batch {batch_size}: lower lr by factors of "
-                                 f"10 until the loss stays finite")
+                            f"too large for batch {batch_size}: lower lr by factors of "
+                            f"10 until the loss stays finite")
 
 
 def train(num_devices, batch_size, lr, num_epochs=10, data=None):

@@ -101,8 +101,8 @@ def _check_hlo_entry(hlo_text):
     computation."""
     if not isinstance(hlo_text, str):
         raise InputError(f"hlo_schedule reads HLO text, not a "
-                        f"{type(hlo_text).__name__}; pass "
-                        f"jax.jit(f).lower(*args).compile().as_text()")
+                         f"{type(hlo_text).__name__}; pass "
+                         f"jax.jit(f).lower(*args).compile().as_text()")
     if "\nENTRY" not in hlo_text:
         raise InputError("the text has no ENTRY computation; pass the HLO "
                          "text of a whole module, e.g. "

@@ -518,7 +518,7 @@ def profile_main(args):
     columns, walls = {}, {}
     with tempfile.TemporaryDirectory() as log_dir:
         for label, options in (("JAX, chapter", {}), ("JAX, XLA:CPU defaults",
-                                                     xla_cpu_defaults())):
+                                                      xla_cpu_defaults())):
             if label == "JAX, chapter" or options:
                 compiled = jax.jit(step).lower(params, *batch).compile(options)
                 columns[label] = profile_jax(compiled, (params, *batch), steps,
@@ -657,8 +657,8 @@ def predict_main(args):
     grad_bytes = sum(p.size * p.dtype.itemsize for p in params)
     images = lambda b: (jnp.zeros((b, 28, 28, 1)), jnp.zeros(b, jnp.int32))
     sizes = [4 ** i for i in range(7, 12)]  # 16 KB to 4 MB, around the gradient
-    rings = {k: d2l.ring_per_hop(*d2l.fit_alpha_beta(sizes, [np.median(d2l.time_collective("psum", k, n))
-                                                 for n in sizes]), k)
+    rings = {k: d2l.ring_per_hop(*d2l.fit_alpha_beta(
+                 sizes, [np.median(d2l.time_collective("psum", k, n)) for n in sizes]), k)
              for k in counts if k > 1}
     samples = {k: [] for k in counts}
     for _ in range(smoke_switch.shrink(args.rounds, 1)):  # a k's timings see the machine alike
@@ -760,8 +760,14 @@ def models_main(args):
 HELP = "where an epoch's time goes; 'benchmark models' times LeNet's and ResNet-18's steps"
 DESCRIPTION = ("The measurements behind docs/benchmarks.md; each prints the machine (CPU, cores, "
                "load, OS, versions, devices). BENCHMARK is lenet unless named.")
-_DESCRIPTIONS = {"lenet": "Where LeNet's epoch time goes, formulation by formulation.", "profile": "LeNet's training step part by part on one core: JAX's profiler "
-                            "beside PyTorch's.", "collectives": "Time collectives over message sizes and fit the alpha-beta model.", "predict": "LeNet's data-parallel step: measured and predicted.", "models": "LeNet and ResNet-18 steps on one device of each kind."}
+_DESCRIPTIONS = {
+    "lenet": "Where LeNet's epoch time goes, formulation by formulation.",
+    "profile": "LeNet's training step part by part on one core: JAX's profiler beside "
+               "PyTorch's.",
+    "collectives": "Time collectives over message sizes and fit the alpha-beta model.",
+    "predict": "LeNet's data-parallel step: measured and predicted.",
+    "models": "LeNet and ResNet-18 steps on one device of each kind.",
+}
 
 
 def configure(p: argparse.ArgumentParser) -> None:

@@ -42,7 +42,7 @@ def writable_dir(path):
         os.remove(probe)
     except OSError as e:
         raise NoAccessError(f"cannot write into --out {path} ({e.strerror}); pass a folder "
-                              f"you can write to") from None
+                            f"you can write to") from None
     return path
 
 

@@ -52,7 +52,7 @@ LR = 0.2
 
 def parser():
     p = OneLineParser(prog=PROG, description="Data-parallel LeNet on Fashion-MNIST "
-                                                       "across all devices of all processes.")
+                      "across all devices of all processes.")
     p.add_argument("--epochs", type=positive(int), default=None,
                    help="epochs (default 10; 1 with D2L_MULTI_SMOKE=1)")
     p.add_argument("--batch-size", type=positive(int), default=256,
@@ -118,8 +118,8 @@ class Plan:
         if settings:  # under the launcher the device count is known before JAX starts
             devices = settings["num_processes"] * settings["devices_per_process"]
             check.divisible(args.batch_size, devices, "--batch-size",
-                                f"devices ({settings['num_processes']} processes x "
-                                f"{settings['devices_per_process']})")
+                            f"devices ({settings['num_processes']} processes x "
+                            f"{settings['devices_per_process']})")
 
 
 def _check_numbers(args):
@@ -159,12 +159,12 @@ def _check_out(out):
     existing = next(p for p in [out, *out.absolute().parents] if p.exists())
     if not existing.is_dir():
         raise NotAFolderError(f"--out {out}: {existing} is a file, not a folder; pass a "
-                                 f"folder")
+                              f"folder")
     try:
         tempfile.TemporaryFile(dir=existing).close()
     except OSError as e:
         raise NoAccessError(f"cannot write into --out {out} ({existing}: {e.strerror}); "
-                              f"pass a folder you can write to") from None
+                            f"pass a folder you can write to") from None
 
 
 def data_mesh():
@@ -303,7 +303,7 @@ def _only_run(out):
             fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
             raise InUseError(f"--out {out} is in use by another run; wait until it ends, "
-                                  f"or pass another --out") from None
+                             f"or pass another --out") from None
         yield
 
 
@@ -338,7 +338,7 @@ def train(args, data=None):
     """Train on every device of every process; return (params, history of this run)."""
     plan = Plan(args)
     check.divisible(args.batch_size, jax.device_count(), "--batch-size",
-                        f"devices ({jax.process_count()} process(es))")
+                    f"devices ({jax.process_count()} process(es))")
     data = data or load_data(args, plan)
     with _only_run(args.out):
         return _train(args, plan, data)

@@ -98,13 +98,13 @@ def _plots(runs, out, machine):
     ax.set(xlabel="epoch", ylabel="test accuracy", title="LeNet on Fashion-MNIST")
     ax.grid(), ax.legend()
     save_atomic(out / "accuracy.png", lambda tmp: fig.savefig(tmp, dpi=120,
-                                                               bbox_inches="tight"))
+                                                              bbox_inches="tight"))
     fig, ax = plt.subplots(figsize=(5, 3.5))
     labels = [f"{r['devices']} dev\nbatch {r['batch_size']}" for r in runs]
     ax.bar(labels, [r["sec_per_epoch"] for r in runs])
     ax.set(ylabel="sec/epoch (after epoch 1)", title=f"LeNet epoch time on {machine}")
     save_atomic(out / "sec_per_epoch.png", lambda tmp: fig.savefig(tmp, dpi=120,
-                                                                    bbox_inches="tight"))
+                                                                   bbox_inches="tight"))
     plt.close("all")
 
 
