@@ -306,12 +306,14 @@ def test_a_step_that_was_not_saved_lists_the_saved_ones(run, bad_inputs):
     ("sharding metadata", "state/_sharding is not valid JSON"),
     ("iterator state", "is not valid JSON"),
     ("chunks", "cannot be read"),
-    ("empty step", "it holds no _CHECKPOINT_METADATA"),
+    ("empty step", "damaged or unfinished: its Orbax step metadata records no finished save"),
 ])
 def test_damaged_checkpoints_raise_checkpoint_error_and_are_left_alone(run, bad_inputs, damage,
                                                                        named, open_managers):
     """Each damaged file is diagnosed as damage (not as a layout or a pipeline problem): the
-    message names the step's folder and what is wrong, and advises the other step."""
+    message names the step's folder and what is wrong, and advises the other step. A damaged
+    file does not make a finished step unfinished: the latest restore raises (an emptied step
+    is no finished one, so it is asked for by number)."""
     copy = bad_inputs["tmp"] / "damaged"
     shutil.copytree(run["dir"], copy)
     step_dir = copy / "8"
@@ -329,8 +331,9 @@ def test_damaged_checkpoints_raise_checkpoint_error_and_are_left_alone(run, bad_
         shutil.rmtree(step_dir)
         step_dir.mkdir()
     damaged = fingerprint(copy)
+    step = 8 if damage == "empty step" else None
     with pytest.raises(d2l.CheckpointError) as e:
-        d2l.restore_checkpoint(copy, bad_inputs["target"], data_iter=run["loader"]())
+        d2l.restore_checkpoint(copy, bad_inputs["target"], step, data_iter=run["loader"]())
     message = str(e.value)
     assert str(step_dir) in message and "damaged" in message and named in message, message
     assert "Restore another step with step=..., one of [4]" in message, message
@@ -350,15 +353,30 @@ def test_a_missing_step_lists_the_saved_ones(run, bad_inputs):
 
 
 def test_a_numbered_folder_that_is_no_checkpoint_is_not_a_step(run, bad_inputs):
-    """An empty 100/ is not step 100: it is not listed, and the latest restore names it."""
+    """An empty 100/ is not step 100: it is not listed, the latest restore passes it over, and
+    asking for it names it."""
     copy = bad_inputs["tmp"] / "stray"
     shutil.copytree(run["dir"], copy)
     (copy / "100").mkdir()
     assert d2l.saved_steps(copy) == [4, 8]
-    with pytest.raises(d2l.CheckpointError, match=r"100 is damaged or unfinished: it holds no "
-                                                  r"_CHECKPOINT_METADATA.*one of \[4, 8\]"):
-        d2l.restore_checkpoint(copy, bad_inputs["target"])
-    assert int(d2l.restore_checkpoint(copy, bad_inputs["target"], step=8)["step"]) == 8
+    assert int(d2l.restore_checkpoint(copy, bad_inputs["target"])["step"]) == 8
+    with pytest.raises(d2l.CheckpointError, match=r"100 is damaged or unfinished: .*it holds "
+                                                  r"nothing.*one of \[4, 8\]"):
+        d2l.restore_checkpoint(copy, bad_inputs["target"], step=100)
+
+
+def test_the_default_restore_is_the_latest_finished_step(tmp_path):
+    """A later step folder that holds no finished save (an empty 2/) is passed over: the
+    default restore is step 1, and asking for step 2 says it is unfinished."""
+    with d2l.checkpoint_manager(tmp_path) as manager:
+        d2l.save_checkpoint(manager, 1, {"w": np.ones(3), "step": np.int32(1)})
+    (tmp_path / "2").mkdir()
+    target = {"w": np.zeros(3), "step": np.int32(0)}
+    assert d2l.saved_steps(tmp_path) == [1]
+    restored = d2l.restore_checkpoint(tmp_path, target)
+    assert int(restored["step"]) == 1 and np.array_equal(restored["w"], np.ones(3))
+    with pytest.raises(d2l.CheckpointError, match=r"2 is damaged or unfinished.*one of \[1\]"):
+        d2l.restore_checkpoint(tmp_path, target, step=2)
 
 
 def test_a_copied_step_folder_is_refused(run, bad_inputs):
@@ -518,6 +536,13 @@ def test_an_unreadable_checkpoint_is_a_permission_error(run, bad_inputs):
             d2l.restore_checkpoint(copy, bad_inputs["target"])
     finally:
         locked.chmod(0o644)
+    locked = copy / "8"  # its step metadata unreadable too: not passed over as unfinished
+    locked.chmod(0)
+    try:
+        with pytest.raises(PermissionError, match=rf"cannot read {locked}: permission denied"):
+            d2l.restore_checkpoint(copy, bad_inputs["target"])
+    finally:
+        locked.chmod(0o755)
 
 
 def test_every_restore_closes_its_manager(run, bad_inputs, open_managers):
