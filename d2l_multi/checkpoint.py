@@ -4,7 +4,11 @@ a different mesh (resharding on load), resume exactly where the run stopped, dat
 Every function checks its arguments first and names the value and the fix. A restore reads
 only: whatever goes wrong (a damaged or missing checkpoint, arrays of other shapes or dtypes, a
 layout the devices cannot take, too little memory, no permission), no file changes.
+
+What Orbax logs that these functions report themselves is dropped only while they run (a read,
+or a save until ``wait_for_saves``); importing the module changes no logger and no hook.
 """
+import contextlib
 import json
 import logging
 import math
@@ -13,7 +17,9 @@ import pathlib
 import re
 import shutil
 import sys
+import threading
 import traceback
+import weakref
 from typing import Any, Callable, Iterator
 
 import grain
@@ -154,23 +160,87 @@ class _QuietOrbax(logging.Filter):
         return not record.getMessage().startswith(self.EXPECTED)
 
 
-logging.getLogger("absl").addFilter(_QuietOrbax())
-
-
-def _quiet_closed_loops(hook):
-    """``sys.unraisablehook`` without the errors of TensorStore callbacks that find the event
-    loop closed: Orbax closes it as soon as one read or write fails, and reports that failure
+def _is_closed_loop_error(unraisable):
+    """Whether ``unraisable`` is the error of a TensorStore callback that found the event loop
+    closed: Orbax closes it as soon as one read or write fails, and reports that failure
     itself."""
-    def quiet(unraisable):
-        frames = traceback.extract_tb(unraisable.exc_traceback)
-        if not (isinstance(unraisable.exc_value, RuntimeError) and frames
-                and frames[-1].name == "_check_closed"
-                and frames[-1].filename.endswith(os.path.join("asyncio", "base_events.py"))):
-            hook(unraisable)
-    return quiet
+    frames = traceback.extract_tb(unraisable.exc_traceback)
+    return (isinstance(unraisable.exc_value, RuntimeError) and bool(frames)
+            and frames[-1].name == "_check_closed"
+            and frames[-1].filename.endswith(os.path.join("asyncio", "base_events.py")))
 
 
-sys.unraisablehook = _quiet_closed_loops(sys.unraisablehook)
+_quiet = {"depth": 0, "filter": _QuietOrbax(), "hook": None, "installed": None}
+_quiet_lock = threading.Lock()
+
+
+def _enter_quiet():
+    with _quiet_lock:
+        if _quiet["depth"] == 0:
+            logging.getLogger("absl").addFilter(_quiet["filter"])
+            previous = sys.unraisablehook
+
+            def quiet(unraisable):
+                if not (_quiet["depth"] and _is_closed_loop_error(unraisable)):
+                    previous(unraisable)
+            _quiet["hook"], _quiet["installed"] = previous, quiet
+            sys.unraisablehook = quiet
+        _quiet["depth"] += 1
+
+
+def _leave_quiet():
+    with _quiet_lock:
+        _quiet["depth"] -= 1
+        if _quiet["depth"] == 0:
+            logging.getLogger("absl").removeFilter(_quiet["filter"])
+            if sys.unraisablehook is _quiet["installed"]:  # else replaced since: leave it
+                sys.unraisablehook = _quiet["hook"]
+            _quiet["hook"] = _quiet["installed"] = None
+
+
+@contextlib.contextmanager
+def _quiet_orbax():
+    """Within (scopes nest): the absl logger drops the records of ``_QuietOrbax``, and
+    ``sys.unraisablehook`` the errors of ``_is_closed_loop_error``; when the last scope ends,
+    both are as they were before the first."""
+    _enter_quiet()
+    try:
+        yield
+    finally:
+        _leave_quiet()
+
+
+_saving = {}  # id(manager) -> the weakref.finalize that ends the quiet its saves began
+
+
+def _quiet_until_waited(manager):
+    """Be quiet from ``manager``'s save until its saves are waited for (``wait_for_saves``, or
+    closing a manager of ``checkpoint_manager``), or until ``manager`` is gone."""
+    if id(manager) not in _saving:
+        _enter_quiet()
+        _saving[id(manager)] = weakref.finalize(manager, _end_quiet_of_saves, id(manager))
+
+
+def _end_quiet_of_saves(key):
+    if _saving.pop(key, None) is not None:
+        _leave_quiet()
+
+
+def _saves_waited(manager):
+    finalizer = _saving.get(id(manager))
+    if finalizer is not None:
+        finalizer()  # runs _end_quiet_of_saves once
+
+
+class _Manager(ocp.CheckpointManager):
+    """Orbax's CheckpointManager; closing it also ends the quiet of its saves."""
+
+    def close(self) -> None:
+        try:
+            super().close()
+        finally:
+            _saves_waited(self)
+
 
 _STEP_NAMES = ocp.step.standard_name_format()  # a manager's step folders: 8/, 16/, ...
 
@@ -269,14 +339,16 @@ def checkpoint_manager(directory: str | os.PathLike, max_to_keep: int | None = 3
                                                step_name_format=_STEP_NAMES, **waits)
     handlers = {"state": ocp.StandardCheckpointHandler(),  # how each item is written and read
                 "data": grain.checkpoint.CheckpointHandler()}
-    return ocp.CheckpointManager(directory, options=options, item_handlers=handlers)
+    with _quiet_orbax() if read_only else contextlib.nullcontext():
+        return _Manager(directory, options=options, item_handlers=handlers)
 
 
 def saved_steps(directory: str | os.PathLike) -> list[int]:
     """The finished steps saved under ``directory``, oldest first ([] if there is none): the
     step folders whose Orbax step metadata records a committed save."""
     directory = _check_directory(directory)
-    return sorted(step for step, folder in _steps(directory).items() if _finished(folder))
+    with _quiet_orbax():
+        return sorted(step for step, folder in _steps(directory).items() if _finished(folder))
 
 
 def _check_tree(state, what):
@@ -308,6 +380,7 @@ def save_checkpoint(manager: ocp.CheckpointManager, step: int, state: Any,
     items = {"state": ocp.args.StandardSave(state)}
     if data_iter is not None:
         items["data"] = grain.checkpoint.CheckpointSave(data_iter)
+    _quiet_until_waited(manager)
     if not manager.save(int(step), args=ocp.args.Composite(**items)):
         raise InputError(f"the manager of {manager.directory} did not save step {step}: it is "
                          f"read-only or its save policy skips that step; save with a manager "
@@ -339,6 +412,8 @@ def wait_for_saves(manager: ocp.CheckpointManager) -> None:
         raise PathError(f"saving a checkpoint into {directory} failed ({why}); its disk has "
                         f"{free:,} bytes free. Free some space, or pass a shorter path to a "
                         f"folder you can write to") from e
+    finally:
+        _saves_waited(manager)
 
 
 def _by_path(tree):
@@ -536,7 +611,8 @@ def restore_checkpoint(directory: str | os.PathLike, target: Any, step: int | No
         raise NotFoundError(f"no checkpoint directory {directory}; pass the directory "
                             f"the run saved its checkpoints into")
     _check_readable(directory, recursive=False)
-    return _restore(directory, target, step, data_iter)
+    with _quiet_orbax():
+        return _restore(directory, target, step, data_iter)
 
 
 def _restore(directory, target, step, data_iter):

@@ -3,8 +3,10 @@ saved arrays in the asked-for layout, a resumed run equals an uninterrupted one,
 short leaves the previous checkpoint usable, and bad input fails clearly without touching files:
 every failure of a restore says what it is (damaged, mismatched, layout, memory, permission),
 keeps its cause, changes no file and leaves no checkpoint manager open."""
+import asyncio
 import contextlib
 import hashlib
+import logging
 import os
 import pathlib
 import re
@@ -13,6 +15,7 @@ import subprocess
 import sys
 import textwrap
 import time
+import types
 
 import jax
 import jax.numpy as jnp
@@ -24,6 +27,7 @@ from jax.sharding import NamedSharding, PartitionSpec as P
 
 import d2l_multi as d2l
 from d2l_multi import _checks as check
+from d2l_multi.checkpoint import wait_for_saves
 
 BATCH, SAVE_EVERY, CRASH_AT, TOTAL = 32, 4, 10, 12  # checkpoints at 4 and 8; resume from 8
 
@@ -554,6 +558,113 @@ def test_every_restore_closes_its_manager(run, bad_inputs, open_managers):
             attempt()
     assert d2l.saved_steps(run["dir"]) == [4, 8]
     assert open_managers == []
+
+
+def test_importing_the_module_installs_no_hooks():
+    """A fresh process: importing d2l_multi.checkpoint (after the libraries it uses) leaves
+    sys.unraisablehook and the filters of the root and absl loggers as they were."""
+    job = textwrap.dedent("""
+        import logging, sys
+        import absl.logging, grain, jax, optax, orbax.checkpoint
+        hooks = lambda: (sys.unraisablehook, logging.getLogger().filters[:],
+                         logging.getLogger("absl").filters[:])
+        before = hooks()
+        import d2l_multi.checkpoint
+        print("unchanged" if hooks() == before else f"changed: {before} -> {hooks()}")
+    """)
+    result = subprocess.run([sys.executable, "-c", job], capture_output=True, text=True,
+                            env=dict(os.environ, JAX_PLATFORMS="cpu"), timeout=300)
+    assert result.stdout.strip() == "unchanged", result.stdout + result.stderr[-2000:]
+
+
+def closed_loop_error():
+    """What sys.unraisablehook gets from a TensorStore callback that finds the event loop
+    closed."""
+    loop = asyncio.new_event_loop()
+    loop.close()
+    try:
+        loop.call_soon_threadsafe(print)
+    except RuntimeError as e:
+        return types.SimpleNamespace(exc_type=RuntimeError, exc_value=e, err_msg=None,
+                                     exc_traceback=e.__traceback__, object=None)
+
+
+def test_orbax_s_noise_is_dropped_during_the_calls_only(run, bad_inputs, monkeypatch, caplog):
+    """Orbax's warning that a read-only manager is read-only, and the errors of callbacks that
+    find Orbax's event loop closed, are dropped while a restore runs; afterwards the absl
+    logger and sys.unraisablehook are as they were, and the same messages get through."""
+    unraisable = []
+    monkeypatch.setattr(sys, "unraisablehook", unraisable.append)
+    absl, hook = logging.getLogger("absl"), sys.unraisablehook
+    filters = absl.filters[:]
+    other = types.SimpleNamespace(exc_value=ValueError("not Orbax's"), exc_traceback=None)
+
+    def fail(self, *args, **kwargs):
+        sys.unraisablehook(closed_loop_error())
+        sys.unraisablehook(other)
+        raise OSError("DATA_LOSS: Error reading chunk")
+    monkeypatch.setattr(ocp.CheckpointManager, "restore", fail)
+    with caplog.at_level(logging.WARNING):
+        with pytest.raises(d2l.CheckpointError, match="cannot be read"):
+            d2l.restore_checkpoint(run["dir"], bad_inputs["target"])
+        d2l.checkpoint_manager(run["dir"], read_only=True).close()
+        assert unraisable == [other]  # the closed loop's error was dropped
+        assert "read only" not in caplog.text
+        assert absl.filters == filters and sys.unraisablehook is hook
+        ocp.CheckpointManager(run["dir"], options=ocp.CheckpointManagerOptions(
+            read_only=True, create=False)).close()
+        assert "Given directory is read only" in caplog.text  # not dropped outside the calls
+    sys.unraisablehook(closed_loop_error())
+    assert len(unraisable) == 2
+
+
+def test_a_save_is_quiet_until_waited_for(tmp_path, monkeypatch):
+    """From a save to wait_for_saves (or the manager's close) the closed loop's errors are
+    dropped; then the hooks are as they were."""
+    unraisable = []
+    monkeypatch.setattr(sys, "unraisablehook", unraisable.append)
+    absl, hook = logging.getLogger("absl"), sys.unraisablehook
+    filters = absl.filters[:]
+    for i, wait in enumerate([wait_for_saves, lambda manager: manager.close()]):
+        with d2l.checkpoint_manager(tmp_path / str(i)) as manager:
+            d2l.save_checkpoint(manager, 1, {"w": np.ones(3)})
+            d2l.save_checkpoint(manager, 2, {"w": np.ones(3)})
+            sys.unraisablehook(closed_loop_error())
+            assert unraisable == [] and absl.filters != filters
+            wait(manager)
+            assert absl.filters == filters and sys.unraisablehook is hook
+        sys.unraisablehook(closed_loop_error())
+        assert len(unraisable) == 1
+        unraisable.clear()
+
+
+def test_a_failed_background_save_is_one_error_without_orbax_s_traceback(tmp_path):
+    """Files may not grow past 100 kB, as on a full disk: the save fails in Orbax's background
+    thread, which logs a traceback; wait_for_saves raises one OSError and nothing else is
+    printed."""
+    job = textwrap.dedent("""
+        import logging, sys
+        import numpy as np
+        import d2l_multi as d2l
+        from d2l_multi.checkpoint import wait_for_saves
+        hooks = lambda: (sys.unraisablehook, logging.getLogger("absl").filters[:])
+        before = hooks()
+        with d2l.checkpoint_manager(sys.argv[1]) as manager:
+            d2l.save_checkpoint(manager, 1, {"w": np.random.default_rng(0).random(10**5)})
+            try:
+                wait_for_saves(manager)
+            except OSError as e:
+                print(f"{type(e).__name__}: {e}")
+        print("hooks restored:", hooks() == before)
+    """)
+    small_files = ["sh", "-c", 'trap "" XFSZ; ulimit -f 200; exec "$@"', "sh"]
+    result = subprocess.run([*small_files, sys.executable, "-c", job, str(tmp_path / "run")],
+                            capture_output=True, text=True, timeout=300,
+                            env=dict(os.environ, JAX_PLATFORMS="cpu"))
+    assert "PathError: saving a checkpoint into" in result.stdout, result.stderr[-3000:]
+    assert "hooks restored: True" in result.stdout, result.stdout
+    assert "Traceback" not in result.stderr, result.stderr[-3000:]
+    assert d2l.saved_steps(tmp_path / "run") == []
 
 
 def test_save_refuses_a_step_orbax_would_skip(tmp_path):
