@@ -4,7 +4,11 @@ a different mesh (resharding on load), resume exactly where the run stopped, dat
 Every function checks its arguments first and names the value and the fix. A restore reads
 only: whatever goes wrong (a damaged or missing checkpoint, arrays of other shapes or dtypes, a
 layout the devices cannot take, too little memory, no permission), no file changes.
+
+What Orbax logs that these functions report themselves is dropped only while they run (a read,
+or a save until ``wait_for_saves``); importing the module changes no logger and no hook.
 """
+import contextlib
 import json
 import logging
 import math
@@ -13,7 +17,10 @@ import pathlib
 import re
 import shutil
 import sys
+import threading
 import traceback
+import weakref
+from typing import Any, Callable, Iterator
 
 import grain
 import jax
@@ -137,49 +144,121 @@ def _check_count(name, value, minimum, allow_none=False):
 
 
 class _QuietOrbax(logging.Filter):
-    """Drop Orbax's warning that a read-only manager is read-only (we asked for it), and the
-    tracebacks its background threads log for a failed save: ``wait_for_saves`` raises that
-    error again, as one message."""
+    """Drop what Orbax logs that this module says itself: that a read-only manager is read-only
+    (we asked for it), that a step has no readable step metadata (a restore reports the step
+    as damaged or unfinished; ``saved_steps`` leaves it out) or no metadata of its state (a
+    restore reports it as damaged), and the tracebacks its background threads log for a failed
+    save (``wait_for_saves`` raises that error again, as one message)."""
+
+    EXPECTED = ("Given directory is read only", "Metadata file does not exist",
+                "Failed to json parse Metadata file",
+                'Item "state" was found in the checkpoint, but could not be restored')
 
     def filter(self, record):
         if record.exc_info and f"{os.sep}orbax{os.sep}" in record.pathname:
             return False
-        return not record.getMessage().startswith("Given directory is read only")
+        return not record.getMessage().startswith(self.EXPECTED)
 
 
-logging.getLogger("absl").addFilter(_QuietOrbax())
-
-
-def _quiet_closed_loops(hook):
-    """``sys.unraisablehook`` without the errors of TensorStore callbacks that find the event
-    loop closed: Orbax closes it as soon as one read or write fails, and reports that failure
+def _is_closed_loop_error(unraisable):
+    """Whether ``unraisable`` is the error of a TensorStore callback that found the event loop
+    closed: Orbax closes it as soon as one read or write fails, and reports that failure
     itself."""
-    def quiet(unraisable):
-        frames = traceback.extract_tb(unraisable.exc_traceback)
-        if not (isinstance(unraisable.exc_value, RuntimeError) and frames
-                and frames[-1].name == "_check_closed"
-                and frames[-1].filename.endswith(os.path.join("asyncio", "base_events.py"))):
-            hook(unraisable)
-    return quiet
+    frames = traceback.extract_tb(unraisable.exc_traceback)
+    return (isinstance(unraisable.exc_value, RuntimeError) and bool(frames)
+            and frames[-1].name == "_check_closed"
+            and frames[-1].filename.endswith(os.path.join("asyncio", "base_events.py")))
 
 
-sys.unraisablehook = _quiet_closed_loops(sys.unraisablehook)
-
-STEP_METADATA = "_CHECKPOINT_METADATA"  # Orbax writes it into a step's folder when it finishes
-_ORBAX_TMP = re.compile(r"[0-9]+\.orbax-checkpoint-tmp.*")  # a step being written
+_quiet = {"depth": 0, "filter": _QuietOrbax(), "hook": None, "installed": None}
+_quiet_lock = threading.Lock()
 
 
-def _numbered(directory):
-    """{step: folder} of the numbered folders in ``directory``: Orbax names a step's folder by
-    its number (finished or not)."""
+def _enter_quiet():
+    with _quiet_lock:
+        if _quiet["depth"] == 0:
+            logging.getLogger("absl").addFilter(_quiet["filter"])
+            previous = sys.unraisablehook
+
+            def quiet(unraisable):
+                if not (_quiet["depth"] and _is_closed_loop_error(unraisable)):
+                    previous(unraisable)
+            _quiet["hook"], _quiet["installed"] = previous, quiet
+            sys.unraisablehook = quiet
+        _quiet["depth"] += 1
+
+
+def _leave_quiet():
+    with _quiet_lock:
+        _quiet["depth"] -= 1
+        if _quiet["depth"] == 0:
+            logging.getLogger("absl").removeFilter(_quiet["filter"])
+            if sys.unraisablehook is _quiet["installed"]:  # else replaced since: leave it
+                sys.unraisablehook = _quiet["hook"]
+            _quiet["hook"] = _quiet["installed"] = None
+
+
+@contextlib.contextmanager
+def _quiet_orbax():
+    """Within (scopes nest): the absl logger drops the records of ``_QuietOrbax``, and
+    ``sys.unraisablehook`` the errors of ``_is_closed_loop_error``; when the last scope ends,
+    both are as they were before the first."""
+    _enter_quiet()
+    try:
+        yield
+    finally:
+        _leave_quiet()
+
+
+_saving = {}  # id(manager) -> the weakref.finalize that ends the quiet its saves began
+
+
+def _quiet_until_waited(manager):
+    """Be quiet from ``manager``'s save until its saves are waited for (``wait_for_saves``, or
+    closing a manager of ``checkpoint_manager``), or until ``manager`` is gone."""
+    if id(manager) not in _saving:
+        _enter_quiet()
+        _saving[id(manager)] = weakref.finalize(manager, _end_quiet_of_saves, id(manager))
+
+
+def _end_quiet_of_saves(key):
+    if _saving.pop(key, None) is not None:
+        _leave_quiet()
+
+
+def _saves_waited(manager):
+    finalizer = _saving.get(id(manager))
+    if finalizer is not None:
+        finalizer()  # runs _end_quiet_of_saves once
+
+
+class _Manager(ocp.CheckpointManager):
+    """Orbax's CheckpointManager; closing it also ends the quiet of its saves."""
+
+    def close(self) -> None:
+        try:
+            super().close()
+        finally:
+            _saves_waited(self)
+
+
+_STEP_NAMES = ocp.step.standard_name_format()  # a manager's step folders: 8/, 16/, ...
+
+
+def _steps(directory):
+    """{step: folder} of the step folders Orbax finds in ``directory``, finished or not (a
+    folder named as a step, not a temporary one being written)."""
     if not directory.is_dir():
         return {}
-    return {int(p.name): p for p in directory.iterdir()
-            if re.fullmatch(r"[0-9]+", p.name) and p.is_dir()}
+    return {found.step: pathlib.Path(found.path) for found in _STEP_NAMES.find_all(directory)}
 
 
 def _finished(folder):
-    return (folder / STEP_METADATA).is_file()
+    """Whether Orbax's step metadata says that the save of ``folder`` was committed."""
+    try:
+        return ocp.metadata.get_step_metadata(folder).commit_timestamp_nsecs is not None
+    except ValueError:  # no step metadata, or not JSON
+        return False
 
 
 def _nearest_existing(path):
@@ -195,32 +274,47 @@ def _check_writable(directory):
     existing = _nearest_existing(directory)
     if not os.access(existing, os.W_OK | os.X_OK):
         raise NoAccessError(f"cannot write checkpoints into {directory} ({existing} is not "
-                              f"writable: no permission, or a read-only disk); pass a folder "
-                              f"you can write to")
+                            f"writable: no permission, or a read-only disk); pass a folder "
+                            f"you can write to")
     limit = os.pathconf(existing, "PC_PATH_MAX")
     if len(str(directory)) + _DEEPEST > limit:
         raise PathError(f"the path of the checkpoint folder is {len(str(directory))} characters "
-                      f"long, and its files need about {_DEEPEST} more, past this system's "
-                      f"limit of {limit}; pass a shorter path")
+                        f"long, and its files need about {_DEEPEST} more, past this system's "
+                        f"limit of {limit}; pass a shorter path")
+
+
+def _is_step_being_written(path):
+    """Whether ``path`` is the temporary folder of a step Orbax is writing (or was, when its
+    job died)."""
+    if not ocp.step.is_path_temporary(path):
+        return False
+    try:
+        ocp.step.step_from_checkpoint_name(path.name)
+        return True
+    except ValueError:
+        return False
 
 
 def _check_only_checkpoints(directory):
-    """Raise FileExistsError naming whatever ``directory`` holds besides finished checkpoints
-    and Orbax's temporary folders: Orbax's clean-up (``max_to_keep``) would delete numbered
-    folders it takes for old steps."""
+    """Raise FileExistsError naming whatever ``directory`` holds besides finished steps and
+    the temporary folders of steps being written: Orbax's clean-up (``max_to_keep``) would
+    delete folders it takes for old steps."""
     if not directory.is_dir():
         return
-    others = sorted(p.name for p in directory.iterdir() if not (p.is_dir() and (
-        _ORBAX_TMP.fullmatch(p.name) or re.fullmatch(r"[0-9]+", p.name) and _finished(p))))
+    finished = {folder.name for folder in _steps(directory).values() if _finished(folder)}
+    others = sorted(p.name for p in directory.iterdir()
+                    if p.name not in finished and not _is_step_being_written(p))
     if others:
         more = f" and {len(others) - 5} more" if len(others) > 5 else ""
-        raise AlreadyExistsError(f"{directory} holds {', '.join(others[:5])}{more}, which are not "
-                              f"checkpoints; a checkpoint manager deletes old numbered folders, "
-                              f"so give the checkpoints a folder of their own (or move those "
-                              f"out)")
+        raise AlreadyExistsError(f"{directory} holds {', '.join(others[:5])}{more}, which are "
+                                 f"not checkpoints; a checkpoint manager deletes old numbered "
+                                 f"folders, so give the checkpoints a folder of their own (or "
+                                 f"move those out)")
 
 
-def checkpoint_manager(directory, max_to_keep=3, create=True, read_only=False, timeout=None):
+def checkpoint_manager(directory: str | os.PathLike, max_to_keep: int | None = 3,
+                       create: bool = True, read_only: bool = False,
+                       timeout: int | None = None) -> ocp.CheckpointManager:
     """An Orbax CheckpointManager keeping the newest ``max_to_keep`` steps under ``directory``
     (None: all). ``read_only=True``: one that never creates, writes or deletes anything.
     A writing manager refuses a folder it cannot write, or one that holds anything but
@@ -235,22 +329,26 @@ def checkpoint_manager(directory, max_to_keep=3, create=True, read_only=False, t
             raise InputError(f"{name} must be True or False, got {flag!r}")
     if read_only:
         options = ocp.CheckpointManagerOptions(read_only=True, create=False, max_to_keep=None,
-                                               save_interval_steps=0)
+                                               save_interval_steps=0,
+                                               step_name_format=_STEP_NAMES)
     else:
         _check_writable(directory)
         _check_only_checkpoints(directory)
         waits = {} if timeout is None else {"async_options": ocp.AsyncOptions(timeout_secs=timeout)}
-        options = ocp.CheckpointManagerOptions(max_to_keep=max_to_keep, create=create, **waits)
+        options = ocp.CheckpointManagerOptions(max_to_keep=max_to_keep, create=create,
+                                               step_name_format=_STEP_NAMES, **waits)
     handlers = {"state": ocp.StandardCheckpointHandler(),  # how each item is written and read
                 "data": grain.checkpoint.CheckpointHandler()}
-    return ocp.CheckpointManager(directory, options=options, item_handlers=handlers)
+    with _quiet_orbax() if read_only else contextlib.nullcontext():
+        return _Manager(directory, options=options, item_handlers=handlers)
 
 
-def saved_steps(directory):
+def saved_steps(directory: str | os.PathLike) -> list[int]:
     """The finished steps saved under ``directory``, oldest first ([] if there is none): the
-    numbered folders that hold Orbax's ``_CHECKPOINT_METADATA``."""
+    step folders whose Orbax step metadata records a committed save."""
     directory = _check_directory(directory)
-    return sorted(step for step, folder in _numbered(directory).items() if _finished(folder))
+    with _quiet_orbax():
+        return sorted(step for step, folder in _steps(directory).items() if _finished(folder))
 
 
 def _check_tree(state, what):
@@ -261,9 +359,10 @@ def _check_tree(state, what):
     return leaves
 
 
-def save_checkpoint(manager, step, state, data_iter=None):
+def save_checkpoint(manager: ocp.CheckpointManager, step: int, state: Any,
+                    data_iter: grain.DatasetIterator | None = None) -> bool:
     """Save ``state`` (and where the Grain iterator ``data_iter`` is) as ``step``, in the
-    background: call ``manager.wait_until_finished()`` before relying on it."""
+    background: call ``wait_for_saves(manager)`` before relying on it."""
     if not isinstance(manager, ocp.CheckpointManager):
         raise InputError(f"manager must be an Orbax CheckpointManager (d2l.checkpoint_manager), "
                          f"got {type(manager).__name__}")
@@ -281,6 +380,7 @@ def save_checkpoint(manager, step, state, data_iter=None):
     items = {"state": ocp.args.StandardSave(state)}
     if data_iter is not None:
         items["data"] = grain.checkpoint.CheckpointSave(data_iter)
+    _quiet_until_waited(manager)
     if not manager.save(int(step), args=ocp.args.Composite(**items)):
         raise InputError(f"the manager of {manager.directory} did not save step {step}: it is "
                          f"read-only or its save policy skips that step; save with a manager "
@@ -299,7 +399,7 @@ def _check_room(directory, step, state):
                       f"save into a folder on another disk")
 
 
-def wait_for_saves(manager):
+def wait_for_saves(manager: ocp.CheckpointManager) -> None:
     """Wait until ``manager``'s background saves are written. A failed save raises OSError
     naming the folder, the cause and the free space, instead of Orbax's error."""
     try:
@@ -310,8 +410,10 @@ def wait_for_saves(manager):
         why = os.strerror(cause.errno) if cause else f"{type(e).__name__}: {str(e)[:300]}"
         free = shutil.disk_usage(_nearest_existing(directory)).free
         raise PathError(f"saving a checkpoint into {directory} failed ({why}); its disk has "
-                      f"{free:,} bytes free. Free some space, or pass a shorter path to a "
-                      f"folder you can write to") from e
+                        f"{free:,} bytes free. Free some space, or pass a shorter path to a "
+                        f"folder you can write to") from e
+    finally:
+        _saves_waited(manager)
 
 
 def _by_path(tree):
@@ -405,42 +507,52 @@ def _damaged(where, why, steps):
     return CheckpointError(f"the checkpoint {where} is damaged: {why}. {_another(steps)}")
 
 
+def _not_json(error, where):
+    """The file under ``where`` whose text Orbax, TensorStore or Grain failed to parse as
+    JSON, as a path relative to ``where`` (``'a metadata file'`` if it cannot be told), or
+    None if ``error`` is no such failure. The file is the one TensorStore names, or the one
+    holding the text a ``json.JSONDecodeError`` quotes."""
+    for x in _chain(error):
+        named = re.search(r'"([^"]+)": Invalid JSON', str(x))  # TensorStore's message
+        if named:
+            return os.path.relpath(named[1], where)
+        if isinstance(x, json.JSONDecodeError):
+            size = len(x.doc.encode())
+            for f in sorted(where.rglob("*")):
+                if f.is_file() and f.stat().st_size == size and \
+                        f.read_bytes().decode(errors="replace") == x.doc:
+                    return str(f.relative_to(where))
+            return "a metadata file"
+    return None
+
+
 def _restore_failure(e, where, steps):
     """The error that says why reading ``where`` failed. Permissions and layouts were checked
     before reading, so it is no permission or no memory (by the exception's type or status
-    code), or else a damaged checkpoint."""
+    code), a metadata file that is not JSON, or else a damaged checkpoint."""
     chain = _chain(e)
     codes = {_status(x) for x in chain}
     detail = f"{type(e).__name__}: {str(e)[:200]}"
     if any(isinstance(x, PermissionError) for x in chain) or "PERMISSION_DENIED" in codes:
-        return PermissionError(f"cannot read the checkpoint {where}: permission denied "
-                               f"({detail}). Ask for read access to the checkpoint folder, or "
-                               f"copy it somewhere readable")
+        return NoAccessError(f"cannot read the checkpoint {where}: permission denied "
+                             f"({detail}). Ask for read access to the checkpoint folder, or "
+                             f"copy it somewhere readable")
     if any(isinstance(x, MemoryError) for x in chain) or "RESOURCE_EXHAUSTED" in codes:
         return TooLargeError(f"the checkpoint {where} does not fit in the devices' memory "
-                           f"({detail}). Restore onto more devices, or split the large arrays "
-                           f"over a mesh axis (their PartitionSpecs) so each device holds less")
+                             f"({detail}). Restore onto more devices, or split the large "
+                             f"arrays over a mesh axis (their PartitionSpecs) so each device "
+                             f"holds less")
+    not_json = _not_json(e, where)
+    if not_json:
+        return _damaged(where, f"{not_json} is not valid JSON ({detail})", steps)
     return _damaged(where, f"its arrays cannot be read ({detail})", steps)
 
 
-def _check_files(where, steps):
-    """Raise CheckpointError unless ``where`` is a finished step whose metadata files (JSON:
-    the step's, each item's, its layouts and the data iterator's state) are whole."""
-    if not _finished(where):
-        found = ", ".join(sorted(p.name for p in where.iterdir())) or "nothing"
-        raise CheckpointError(f"the checkpoint {where} is damaged or unfinished: it holds no "
-                              f"{STEP_METADATA} (it holds {found}). {_another(steps)}, or "
-                              f"delete the folder")
-    if not (where / "state" / "_METADATA").is_file():
-        raise _damaged(where, "state/_METADATA is missing", steps)
-    for f in sorted(where.rglob("*")):
-        if f.is_file() and (f.name in (STEP_METADATA, "_METADATA", "_sharding")
-                            or f.suffix == ".json"):
-            try:
-                json.loads(f.read_bytes())
-            except ValueError as e:
-                raise _damaged(where, f"{f.relative_to(where)} is not valid JSON ({e})",
-                               steps) from e
+def _unfinished(where, steps):
+    found = ", ".join(sorted(p.name for p in where.iterdir())) or "nothing"
+    return CheckpointError(f"the checkpoint {where} is damaged or unfinished: its Orbax step "
+                           f"metadata records no finished save (it holds {found}). "
+                           f"{_another(steps)}, or delete the folder")
 
 
 def _placeable(layout):
@@ -480,13 +592,14 @@ def _check_step(state, step, where, steps):
                               f"{int(held)}. {_another(steps)}")
 
 
-def restore_checkpoint(directory, target, step=None, data_iter=None):
+def restore_checkpoint(directory: str | os.PathLike, target: Any, step: int | None = None,
+                       data_iter: grain.DatasetIterator | None = None) -> Any:
     """Restore ``step`` (default: the latest finished one) from ``directory`` into arrays laid out
     as ``target`` says (``abstract_like``); move ``data_iter`` to where it was. Reads only.
 
     Raises FileNotFoundError (no checkpoint), ValueError (a step not saved; arrays of other
     paths, shapes or dtypes; a layout these devices cannot take), PermissionError, MemoryError,
-    or CheckpointError (damaged); each names the arrays or files and what to do.
+    or CheckpointError (damaged or unfinished); each names the arrays or files and what to do.
     """
     directory = _check_directory(directory)
     target = _target(target)
@@ -496,27 +609,41 @@ def restore_checkpoint(directory, target, step=None, data_iter=None):
                          f"{type(data_iter).__name__}; pass iter(loader), or None")
     if not directory.is_dir():
         raise NotFoundError(f"no checkpoint directory {directory}; pass the directory "
-                                f"the run saved its checkpoints into")
+                            f"the run saved its checkpoints into")
     _check_readable(directory, recursive=False)
-    numbered = _numbered(directory)
-    if not numbered:
+    with _quiet_orbax():
+        return _restore(directory, target, step, data_iter)
+
+
+def _restore(directory, target, step, data_iter):
+    """``restore_checkpoint`` once its arguments are checked."""
+    folders = _steps(directory)  # finished or not
+    if not folders:
         found = sorted(p.name for p in directory.iterdir()) or "nothing"
         raise NotFoundError(f"{directory} holds no finished checkpoint (it contains "
-                                f"{found}); pass the directory the run saved its "
-                                f"checkpoints into, or train from scratch")
-    steps = sorted(s for s, folder in numbered.items() if _finished(folder))
-    step = max(numbered) if step is None else int(step)
-    if step not in numbered:
+                            f"{found}); pass the directory the run saved its "
+                            f"checkpoints into, or train from scratch")
+    steps = sorted(s for s, folder in folders.items() if _finished(folder))
+    if step is None:  # the latest finished step, else name the latest unfinished one
+        step = steps[-1] if steps else max(folders)
+        for later in (s for s in folders if s > step):
+            _check_readable(folders[later])  # passed over as unfinished, not as unreadable
+    step = int(step)
+    if step not in folders:
         raise InputError(f"no checkpoint for step={step!r} in {directory}; it has the "
                          f"steps {steps}")
-    where, others = numbered[step], [s for s in steps if s != step]
+    where, others = folders[step], [s for s in steps if s != step]
     _check_readable(where)
-    _check_files(where, others)
+    if step not in steps:
+        raise _unfinished(where, others)
     with checkpoint_manager(directory, read_only=True) as manager:
         try:
-            saved = manager.item_metadata(step)["state"].tree
-        except Exception as e:  # metadata that the checks above did not catch
+            saved = manager.metadata(step).item_metadata.get("state")
+        except Exception as e:  # metadata that cannot be read
             raise _restore_failure(e, where, others) from e
+        if saved is None:
+            raise _damaged(where, "it holds no metadata of the state's arrays", others)
+        saved = saved.tree
         _check_fits(saved, target, where)
         _check_saved_layouts(saved, target, where)
         try:
@@ -530,6 +657,8 @@ def restore_checkpoint(directory, target, step=None, data_iter=None):
                 manager.restore(step, args=ocp.args.Composite(
                     data=grain.checkpoint.CheckpointRestore(data_iter)))
             except (KeyError, ValueError) as e:
+                if _not_json(e, where):
+                    raise _restore_failure(e, where, others) from e
                 why = "\n".join(line for line in str(e).splitlines()  # drop Grain's hint on repr
                                 if not line.startswith("Grain uses")).rstrip(".")
                 raise InputError(f"cannot restore the data iterator from {where}: {why}. Pass "
@@ -540,8 +669,10 @@ def restore_checkpoint(directory, target, step=None, data_iter=None):
     return state
 
 
-
-def train_steps(state, train_step, batches, mesh, num_steps, manager=None, save_every=0):
+def train_steps(state: dict[str, Any], train_step: Callable[..., Any],
+                batches: Iterator[tuple[Any, Any]], mesh: Mesh, num_steps: int,
+                manager: ocp.CheckpointManager | None = None,
+                save_every: int = 0) -> tuple[dict[str, Any], list[float]]:
     """Take ``num_steps`` steps from ``state`` on batches from the iterator ``batches``; every
     ``save_every`` steps save the state with ``manager`` (and, if ``batches`` is a Grain
     iterator, its position), after checking that the loss and the state are finite. Returns the

@@ -3,8 +3,10 @@ saved arrays in the asked-for layout, a resumed run equals an uninterrupted one,
 short leaves the previous checkpoint usable, and bad input fails clearly without touching files:
 every failure of a restore says what it is (damaged, mismatched, layout, memory, permission),
 keeps its cause, changes no file and leaves no checkpoint manager open."""
+import asyncio
 import contextlib
 import hashlib
+import logging
 import os
 import pathlib
 import re
@@ -13,6 +15,7 @@ import subprocess
 import sys
 import textwrap
 import time
+import types
 
 import jax
 import jax.numpy as jnp
@@ -24,6 +27,7 @@ from jax.sharding import NamedSharding, PartitionSpec as P
 
 import d2l_multi as d2l
 from d2l_multi import _checks as check
+from d2l_multi.checkpoint import wait_for_saves
 
 BATCH, SAVE_EVERY, CRASH_AT, TOTAL = 32, 4, 10, 12  # checkpoints at 4 and 8; resume from 8
 
@@ -306,12 +310,14 @@ def test_a_step_that_was_not_saved_lists_the_saved_ones(run, bad_inputs):
     ("sharding metadata", "state/_sharding is not valid JSON"),
     ("iterator state", "is not valid JSON"),
     ("chunks", "cannot be read"),
-    ("empty step", "it holds no _CHECKPOINT_METADATA"),
+    ("empty step", "damaged or unfinished: its Orbax step metadata records no finished save"),
 ])
 def test_damaged_checkpoints_raise_checkpoint_error_and_are_left_alone(run, bad_inputs, damage,
                                                                        named, open_managers):
     """Each damaged file is diagnosed as damage (not as a layout or a pipeline problem): the
-    message names the step's folder and what is wrong, and advises the other step."""
+    message names the step's folder and what is wrong, and advises the other step. A damaged
+    file does not make a finished step unfinished: the latest restore raises (an emptied step
+    is no finished one, so it is asked for by number)."""
     copy = bad_inputs["tmp"] / "damaged"
     shutil.copytree(run["dir"], copy)
     step_dir = copy / "8"
@@ -329,8 +335,9 @@ def test_damaged_checkpoints_raise_checkpoint_error_and_are_left_alone(run, bad_
         shutil.rmtree(step_dir)
         step_dir.mkdir()
     damaged = fingerprint(copy)
+    step = 8 if damage == "empty step" else None
     with pytest.raises(d2l.CheckpointError) as e:
-        d2l.restore_checkpoint(copy, bad_inputs["target"], data_iter=run["loader"]())
+        d2l.restore_checkpoint(copy, bad_inputs["target"], step, data_iter=run["loader"]())
     message = str(e.value)
     assert str(step_dir) in message and "damaged" in message and named in message, message
     assert "Restore another step with step=..., one of [4]" in message, message
@@ -350,15 +357,30 @@ def test_a_missing_step_lists_the_saved_ones(run, bad_inputs):
 
 
 def test_a_numbered_folder_that_is_no_checkpoint_is_not_a_step(run, bad_inputs):
-    """An empty 100/ is not step 100: it is not listed, and the latest restore names it."""
+    """An empty 100/ is not step 100: it is not listed, the latest restore passes it over, and
+    asking for it names it."""
     copy = bad_inputs["tmp"] / "stray"
     shutil.copytree(run["dir"], copy)
     (copy / "100").mkdir()
     assert d2l.saved_steps(copy) == [4, 8]
-    with pytest.raises(d2l.CheckpointError, match=r"100 is damaged or unfinished: it holds no "
-                                                  r"_CHECKPOINT_METADATA.*one of \[4, 8\]"):
-        d2l.restore_checkpoint(copy, bad_inputs["target"])
-    assert int(d2l.restore_checkpoint(copy, bad_inputs["target"], step=8)["step"]) == 8
+    assert int(d2l.restore_checkpoint(copy, bad_inputs["target"])["step"]) == 8
+    with pytest.raises(d2l.CheckpointError, match=r"100 is damaged or unfinished: .*it holds "
+                                                  r"nothing.*one of \[4, 8\]"):
+        d2l.restore_checkpoint(copy, bad_inputs["target"], step=100)
+
+
+def test_the_default_restore_is_the_latest_finished_step(tmp_path):
+    """A later step folder that holds no finished save (an empty 2/) is passed over: the
+    default restore is step 1, and asking for step 2 says it is unfinished."""
+    with d2l.checkpoint_manager(tmp_path) as manager:
+        d2l.save_checkpoint(manager, 1, {"w": np.ones(3), "step": np.int32(1)})
+    (tmp_path / "2").mkdir()
+    target = {"w": np.zeros(3), "step": np.int32(0)}
+    assert d2l.saved_steps(tmp_path) == [1]
+    restored = d2l.restore_checkpoint(tmp_path, target)
+    assert int(restored["step"]) == 1 and np.array_equal(restored["w"], np.ones(3))
+    with pytest.raises(d2l.CheckpointError, match=r"2 is damaged or unfinished.*one of \[1\]"):
+        d2l.restore_checkpoint(tmp_path, target, step=2)
 
 
 def test_a_copied_step_folder_is_refused(run, bad_inputs):
@@ -518,6 +540,13 @@ def test_an_unreadable_checkpoint_is_a_permission_error(run, bad_inputs):
             d2l.restore_checkpoint(copy, bad_inputs["target"])
     finally:
         locked.chmod(0o644)
+    locked = copy / "8"  # its step metadata unreadable too: not passed over as unfinished
+    locked.chmod(0)
+    try:
+        with pytest.raises(PermissionError, match=rf"cannot read {locked}: permission denied"):
+            d2l.restore_checkpoint(copy, bad_inputs["target"])
+    finally:
+        locked.chmod(0o755)
 
 
 def test_every_restore_closes_its_manager(run, bad_inputs, open_managers):
@@ -529,6 +558,113 @@ def test_every_restore_closes_its_manager(run, bad_inputs, open_managers):
             attempt()
     assert d2l.saved_steps(run["dir"]) == [4, 8]
     assert open_managers == []
+
+
+def test_importing_the_module_installs_no_hooks():
+    """A fresh process: importing d2l_multi.checkpoint (after the libraries it uses) leaves
+    sys.unraisablehook and the filters of the root and absl loggers as they were."""
+    job = textwrap.dedent("""
+        import logging, sys
+        import absl.logging, grain, jax, optax, orbax.checkpoint
+        hooks = lambda: (sys.unraisablehook, logging.getLogger().filters[:],
+                         logging.getLogger("absl").filters[:])
+        before = hooks()
+        import d2l_multi.checkpoint
+        print("unchanged" if hooks() == before else f"changed: {before} -> {hooks()}")
+    """)
+    result = subprocess.run([sys.executable, "-c", job], capture_output=True, text=True,
+                            env=dict(os.environ, JAX_PLATFORMS="cpu"), timeout=300)
+    assert result.stdout.strip() == "unchanged", result.stdout + result.stderr[-2000:]
+
+
+def closed_loop_error():
+    """What sys.unraisablehook gets from a TensorStore callback that finds the event loop
+    closed."""
+    loop = asyncio.new_event_loop()
+    loop.close()
+    try:
+        loop.call_soon_threadsafe(print)
+    except RuntimeError as e:
+        return types.SimpleNamespace(exc_type=RuntimeError, exc_value=e, err_msg=None,
+                                     exc_traceback=e.__traceback__, object=None)
+
+
+def test_orbax_s_noise_is_dropped_during_the_calls_only(run, bad_inputs, monkeypatch, caplog):
+    """Orbax's warning that a read-only manager is read-only, and the errors of callbacks that
+    find Orbax's event loop closed, are dropped while a restore runs; afterwards the absl
+    logger and sys.unraisablehook are as they were, and the same messages get through."""
+    unraisable = []
+    monkeypatch.setattr(sys, "unraisablehook", unraisable.append)
+    absl, hook = logging.getLogger("absl"), sys.unraisablehook
+    filters = absl.filters[:]
+    other = types.SimpleNamespace(exc_value=ValueError("not Orbax's"), exc_traceback=None)
+
+    def fail(self, *args, **kwargs):
+        sys.unraisablehook(closed_loop_error())
+        sys.unraisablehook(other)
+        raise OSError("DATA_LOSS: Error reading chunk")
+    monkeypatch.setattr(ocp.CheckpointManager, "restore", fail)
+    with caplog.at_level(logging.WARNING):
+        with pytest.raises(d2l.CheckpointError, match="cannot be read"):
+            d2l.restore_checkpoint(run["dir"], bad_inputs["target"])
+        d2l.checkpoint_manager(run["dir"], read_only=True).close()
+        assert unraisable == [other]  # the closed loop's error was dropped
+        assert "read only" not in caplog.text
+        assert absl.filters == filters and sys.unraisablehook is hook
+        ocp.CheckpointManager(run["dir"], options=ocp.CheckpointManagerOptions(
+            read_only=True, create=False)).close()
+        assert "Given directory is read only" in caplog.text  # not dropped outside the calls
+    sys.unraisablehook(closed_loop_error())
+    assert len(unraisable) == 2
+
+
+def test_a_save_is_quiet_until_waited_for(tmp_path, monkeypatch):
+    """From a save to wait_for_saves (or the manager's close) the closed loop's errors are
+    dropped; then the hooks are as they were."""
+    unraisable = []
+    monkeypatch.setattr(sys, "unraisablehook", unraisable.append)
+    absl, hook = logging.getLogger("absl"), sys.unraisablehook
+    filters = absl.filters[:]
+    for i, wait in enumerate([wait_for_saves, lambda manager: manager.close()]):
+        with d2l.checkpoint_manager(tmp_path / str(i)) as manager:
+            d2l.save_checkpoint(manager, 1, {"w": np.ones(3)})
+            d2l.save_checkpoint(manager, 2, {"w": np.ones(3)})
+            sys.unraisablehook(closed_loop_error())
+            assert unraisable == [] and absl.filters != filters
+            wait(manager)
+            assert absl.filters == filters and sys.unraisablehook is hook
+        sys.unraisablehook(closed_loop_error())
+        assert len(unraisable) == 1
+        unraisable.clear()
+
+
+def test_a_failed_background_save_is_one_error_without_orbax_s_traceback(tmp_path):
+    """Files may not grow past 100 kB, as on a full disk: the save fails in Orbax's background
+    thread, which logs a traceback; wait_for_saves raises one OSError and nothing else is
+    printed."""
+    job = textwrap.dedent("""
+        import logging, sys
+        import numpy as np
+        import d2l_multi as d2l
+        from d2l_multi.checkpoint import wait_for_saves
+        hooks = lambda: (sys.unraisablehook, logging.getLogger("absl").filters[:])
+        before = hooks()
+        with d2l.checkpoint_manager(sys.argv[1]) as manager:
+            d2l.save_checkpoint(manager, 1, {"w": np.random.default_rng(0).random(10**5)})
+            try:
+                wait_for_saves(manager)
+            except OSError as e:
+                print(f"{type(e).__name__}: {e}")
+        print("hooks restored:", hooks() == before)
+    """)
+    small_files = ["sh", "-c", 'trap "" XFSZ; ulimit -f 200; exec "$@"', "sh"]
+    result = subprocess.run([*small_files, sys.executable, "-c", job, str(tmp_path / "run")],
+                            capture_output=True, text=True, timeout=300,
+                            env=dict(os.environ, JAX_PLATFORMS="cpu"))
+    assert "PathError: saving a checkpoint into" in result.stdout, result.stderr[-3000:]
+    assert "hooks restored: True" in result.stdout, result.stdout
+    assert "Traceback" not in result.stderr, result.stderr[-3000:]
+    assert d2l.saved_steps(tmp_path / "run") == []
 
 
 def test_save_refuses_a_step_orbax_would_skip(tmp_path):
