@@ -74,7 +74,7 @@ if TYPE_CHECKING:
     from .schedule import async_pairs, collective_slack, hlo_schedule, plot_schedule, PLUMBING
     from .checkpoint import (
         abstract_like, checkpoint_manager, lenet_specs, restore_checkpoint, save_checkpoint,
-        saved_steps, sharded_train_state, state_specs, train_steps,
+        saved_steps, sharded_train_state, state_specs, train_steps, wait_for_saves,
     )
     from .input_pipeline import ArraySource, CheckedIterator, CheckedPipeline, grain_loader
     from .distributed import (
