@@ -116,7 +116,7 @@ def given_lines(code):
     given = set()
     for stmt in tree.body:
         if isinstance(stmt, (ast.Import, ast.ImportFrom)) or (
-                isinstance(stmt, ast.Expr) and re.match(r"check\.\w+\(", ast.unparse(stmt))):
+                isinstance(stmt, ast.Expr) and re.match(r"\w+\.\w+\(", ast.unparse(stmt))):
             given |= set(range(stmt.lineno, stmt.end_lineno + 1))
         if isinstance(stmt, (ast.FunctionDef, ast.AsyncFunctionDef)):
             first = min([stmt.lineno] + [d.lineno for d in stmt.decorator_list])

@@ -20,7 +20,7 @@ import tempfile
 import time
 from ..errors import AlreadyExistsError, InputError, NotFoundError
 
-ROOT = pathlib.Path(__file__).resolve().parent.parent
+ROOT = pathlib.Path(__file__).resolve().parents[2]
 MODES = ("full", "smoke", "off")
 NEEDS = ("sphinx", "myst_nb", "jupyter_cache", "sphinx_book_theme",
          "sphinxcontrib.bibtex")  # modules of the book extra
