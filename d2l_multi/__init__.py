@@ -33,6 +33,7 @@ _MODULES = {  # module: the public names it holds, in the chapter's order
                  "check_train", "device_sgd_step", "pmap_sgd_step", "split_batch", "train",
                  "train_batch"],
     # jit + shardings, shard_map, Flax, Keras 3
+    "hlo": ["COLLECTIVE_OP", "CollectiveOp", "HLO_BYTES", "collective_ops"],
     "concise": ["COLLECTIVES", "check_hlo_text", "check_shard_map_step", "check_spec",
                 "check_step_optimizer", "check_train_step", "count_collectives",
                 "make_shard_map_step", "make_train_step", "shard", "shard_batch"],
@@ -52,7 +53,7 @@ _MODULES = {  # module: the public names it holds, in the chapter's order
                    "cpu_time_call", "fit_alpha_beta", "measure_collectives", "measure_compute",
                    "predict_step_time", "ring_per_hop", "step_cost", "time_collective"],
     # mixed precision
-    "mixed_precision": ["HLO_BYTES", "allreduce_bytes", "check_allreduce_bytes",
+    "mixed_precision": ["allreduce_bytes", "check_allreduce_bytes",
                         "check_float_dtype", "check_lost_updates", "check_mixed_step",
                         "check_train_sharded", "lost_updates", "make_mixed_precision_step",
                         "mixed_loss_fn", "partitioned_hlo", "train_sharded"],

@@ -236,8 +236,9 @@ def three_modes():
 
 
 def shard_map_grad():
-    """Why grad inside shard_map sums: the replicated w is cast to varying (pvary) where it
-    meets the device's batch; the transpose of that cast is a psum of the gradients."""
+    """Why grad inside shard_map sums: the replicated w is cast to varying
+    (jax.lax.pcast(w, 'data', to='varying'), which JAX inserts) where it meets the device's
+    batch; the transpose of that cast is a psum of the gradients."""
     fig, ax = canvas(8.4, 3.3)
     ax.text(2.0, 3.05, "forward", ha="center", size=10, weight="bold")
     ax.text(6.3, 3.05, "backward (jax.grad)", ha="center", size=10, weight="bold")
@@ -251,9 +252,9 @@ def shard_map_grad():
         x2 = 4.4 + d * 0.98
         box(ax, x2, 1.75, 0.88, 0.6, f"device {d}\n$\\nabla L_{d}$", face=LIGHT[d], size=7.5)
         arrow(ax, (x2 + 0.44, 1.75), (6.3, 0.85), color="#777777", lw=0.9)
-    ax.text(3.05, 2.0, "pvary\n(inserted by JAX)", ha="left", va="center", size=8,
-            color="#555555")
-    ax.text(4.35, 1.05, "psum, the\ntranspose\nof pvary", ha="left", va="center", size=8,
+    ax.text(3.05, 2.0, "pcast(w,\n to='varying'),\ninserted by JAX", ha="left", va="center",
+            size=8, color="#555555")
+    ax.text(4.35, 1.05, "psum, the\ntranspose\nof the cast", ha="left", va="center", size=8,
             color="#555555")
     ax.text(2.0, 0.45, "shard_map with check_vma=True (the default):\nw is unvarying, each "
             "$L_d$ varies over the devices", ha="center", va="center", size=8,
