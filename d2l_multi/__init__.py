@@ -61,6 +61,8 @@ _MODULES = {  # module: the public names it holds, in the chapter's order
     "ensemble": ["check_ensemble_size", "create_ensemble_state", "create_stacked_ensemble",
                  "ensemble_step", "map_members", "member_step", "stacked_train_step",
                  "train_ensemble"],
+    # sharded matrix products
+    "matmul": ["ring_bytes", "run_sharded"],
     # memory and meshes
     "memory": ["OPTIMIZER_STATE_COPIES", "check_training_memory",
                "check_transformer_footprint", "count_params",
