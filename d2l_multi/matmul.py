@@ -5,7 +5,7 @@ with the bandwidth-optimal ring algorithms.
 The shown functions carry no argument checks; their public names check first
 (``d2l.validated``), so bad input gets a message naming the fix."""
 import jax
-from jax.sharding import NamedSharding
+from jax.sharding import NamedSharding, PartitionSpec
 
 import d2l_multi as d2l
 from .hlo import COLLECTIVES, CollectiveOp
@@ -44,7 +44,11 @@ def _check_run_sharded(program, mesh, in_specs, out_specs, *arrays):
         raise ValueError(f"in_specs has {len(in_specs)} PartitionSpecs for {len(arrays)} "
                          f"arrays: give one spec per array")
     for spec, a in zip(in_specs, arrays):
-        d2l.check_spec(spec, mesh, jax.numpy.shape(a))
+        if not isinstance(spec, PartitionSpec):
+            raise TypeError(f"each of in_specs lays out one argument (an array or a pytree "
+                            f"of arrays) and must be one PartitionSpec, got {spec!r}")
+        for leaf in jax.tree.leaves(a):
+            d2l.check_spec(spec, mesh, jax.numpy.shape(leaf))
 
 
 def _check_ring_bytes(op):
