@@ -23,7 +23,7 @@ def operand_names(line, start):
     return re.findall(r"%([\w.-]+)", line[start:])
 
 
-def root_opcodes(hlo_text):
+def _root_opcodes(hlo_text):
     """The opcode of each computation's ROOT instruction, by computation name."""
     roots, computation = {}, None
     for line in hlo_text.splitlines():
@@ -43,7 +43,7 @@ def hlo_schedule(hlo_text):
     asynchronous operation (``async-start(...), calls=%c``, ``async-update``,
     ``async-done``) is named after the instruction it wraps, as XLA's syntax
     sugar prints it: ``reduce-scatter-start``, ``reduce-scatter-done``."""
-    roots = root_opcodes(hlo_text)
+    roots = _root_opcodes(hlo_text)
     entry = hlo_text[hlo_text.index("\nENTRY"):].split("\n}")[0]
     schedule, wrapped = [], {}  # wrapped: async name -> the opcode it wraps
     for line in entry.splitlines()[1:]:
