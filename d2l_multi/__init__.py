@@ -26,59 +26,54 @@ from .plot import Animator, set_axes, show_images, use_svg_display
 from .data import FashionMNIST, load_data_fashion_mnist
 
 if TYPE_CHECKING:
-    from .models import (
-        avg_pool2d, conv2d, conv2d_im2col, evaluate_accuracy, init_lenet_params, lenet,
-        loss_fn, num_correct,
-    )
-    from .collectives import allreduce, replicate, ring_allreduce, unreplicate
-    from .parallel import device_sgd_step, pmap_sgd_step, split_batch, train, train_batch
-    from .concise import (
-        COLLECTIVES, count_collectives, make_shard_map_step, make_train_step, shard,
-        shard_batch,
-    )
-    from .flax_models import (
-        apply_model, CNN, create_train_state, cross_entropy_loss, evaluate_nnx,
-        jit_train_step, LinenCNN, nnx_train_step, num_correct_nnx, Residual, ResNet,
-        ResNet18, train_nnx, update_model,
-    )
-    from .keras_models import (
-        keras_assign_state, keras_convnet, keras_train_state, make_keras_train_step,
-    )
-    from .cost_model import (
-        bus_bandwidth, collective_loop, cpu_time_call, fit_alpha_beta, H100_MODELS,
-        measure_collectives, predict_step_time, ring_per_hop, step_cost, time_collective,
-    )
-    from .mixed_precision import (
-        allreduce_bytes, HLO_BYTES, lost_updates, make_mixed_precision_step, mixed_loss_fn,
-        partitioned_hlo, train_sharded,
-    )
-    from .ensemble import create_ensemble_state, ensemble_step, member_step, train_ensemble
-    from .stacked_ensemble import create_stacked_ensemble, map_members, stacked_train_step
-    from .memory import (
-        count_params, OPTIMIZER_STATE_COPIES, saved_activation_bytes, training_memory,
-    )
-    from .transformer import (
-        CausalSelfAttention, lm_loss, logical_constraint, logical_init, logical_linear, MLP,
-        TransformerBlock, TransformerLM,
-    )
-    from .sharding import abstract_state, bytes_per_device, create_sharded, use_sharding
-    from .text import CharCorpus
-    from .strategies import (
-        lm_train_step, LOGICAL_AXES, reshard, shard_tokens, sharding_rules, STRATEGIES,
-    )
-    from .pipeline_parallel import (
-        BACKWARD, bubble_fraction, FORWARD, gpipe_order, IDLE, in_flight, init_residual_mlp, KIND, mse,
-        one_f_one_b_order, pipeline_schedule, pipeline_step, residual_mlp, show_schedule,
-        stage_pass, stage_program,
-    )
-    from .schedule import async_pairs, collective_slack, hlo_schedule, plot_schedule, PLUMBING
     from .checkpoint import (
         abstract_like, checkpoint_manager, lenet_specs, restore_checkpoint, save_checkpoint,
         saved_steps, sharded_train_state, state_specs, train_steps, wait_for_saves,
     )
-    from .input_pipeline import ArraySource, CheckedIterator, CheckedPipeline, grain_loader
+    from .collectives import allreduce, replicate, ring_allreduce, unreplicate
+    from .concise import count_collectives, make_shard_map_step, make_train_step, shard, shard_batch
+    from .cost_model import (
+        bus_bandwidth, collective_loop, cpu_time_call, fit_alpha_beta, H100_MODELS,
+        measure_collectives, predict_step_time, ring_per_hop, step_cost, time_collective,
+    )
     from .distributed import (
         assert_device_counts, exit_worker, initialize_distributed, process_batches,
+    )
+    from .ensemble import create_ensemble_state, ensemble_step, member_step, train_ensemble
+    from .flax_models import (
+        apply_model, CNN, create_train_state, cross_entropy_loss, evaluate_nnx, jit_train_step,
+        LinenCNN, nnx_train_step, num_correct_nnx, Residual, ResNet, ResNet18, train_nnx,
+        update_model,
+    )
+    from .hlo import collective_ops, CollectiveOp, COLLECTIVES, HLO_BYTES
+    from .input_pipeline import ArraySource, CheckedIterator, CheckedPipeline, grain_loader
+    from .keras_models import (
+        keras_assign_state, keras_convnet, keras_train_state, make_keras_train_step,
+    )
+    from .matmul import ring_bytes, run_sharded
+    from .memory import count_params, saved_activation_bytes, training_memory
+    from .mixed_precision import (
+        allreduce_bytes, lost_updates, make_mixed_precision_step, mixed_loss_fn,
+        partitioned_hlo, train_sharded,
+    )
+    from .models import (
+        avg_pool2d, conv2d, conv2d_im2col, evaluate_accuracy, init_lenet_params, lenet,
+        loss_fn, num_correct,
+    )
+    from .parallel import device_sgd_step, split_batch, train, train_batch
+    from .pipeline_parallel import (
+        bubble_fraction, gpipe_order, in_flight, init_residual_mlp, mse, one_f_one_b_order,
+        pipeline_schedule, pipeline_step, residual_mlp, show_schedule, stage_pass,
+        stage_program,
+    )
+    from .schedule import async_pairs, collective_slack, hlo_schedule, plot_schedule, PLUMBING
+    from .sharding import abstract_state, bytes_per_device, create_sharded, use_sharding
+    from .stacked_ensemble import create_stacked_ensemble, map_members, stacked_train_step
+    from .strategies import lm_train_step, reshard, shard_tokens, sharding_rules
+    from .text import CharCorpus
+    from .transformer import (
+        CausalSelfAttention, lm_loss, logical_constraint, logical_init, logical_linear, MLP,
+        TransformerBlock, TransformerLM,
     )
 
 __version__ = "0.1.0"

@@ -1,12 +1,12 @@
 """Concise data parallelism: one ``jax.jit`` training step that the compiler parallelises
 (automatic mode), its per-device twin written with ``jax.shard_map`` and explicit collectives
-(manual mode), and a count of the collectives in a compiled program.
+(manual mode), and a count of the collectives in a compiled program (read by
+``d2l.collective_ops``, in the synchronous and asynchronous forms XLA prints).
 
 ``shard``, ``shard_batch`` and ``check_spec`` place arrays on a mesh after checking that the
 spec fits it; the chapter calls ``jax.device_put(x, NamedSharding(mesh, spec))`` directly, and
 the library uses these where a clear error for a bad spec helps."""
 import math
-import re
 
 import jax
 import jax.numpy as jnp
@@ -17,6 +17,7 @@ from jax.sharding import NamedSharding, PartitionSpec as P
 from . import _checks as check
 from .errors import InputError
 from ._earlier import concise as d2l
+from .hlo import COLLECTIVES
 
 
 def shard(tree, mesh, spec=P()):
@@ -77,16 +78,12 @@ def _check_shard_map_step(mesh, optimizer, loss=None, axis_name="data"):
     check.spec(P(axis_name), mesh)
 
 
-COLLECTIVES = ("all-reduce", "all-gather", "reduce-scatter", "all-to-all",
-               "collective-permute")
-
-
 def count_collectives(hlo_text):
-    """Count each collective in HLO text (a -start/-done pair counts once)."""
+    """Count each collective in HLO text once, whether XLA runs it as one
+    instruction or as a start and a done (``d2l.collective_ops``)."""
     counts = dict.fromkeys(COLLECTIVES, 0)
-    pattern = r"\b(" + "|".join(COLLECTIVES) + r")(?:-start)?\("
-    for op in re.findall(pattern, hlo_text):
-        counts[op] += 1
+    for op in d2l.collective_ops(hlo_text):
+        counts[op.kind] += 1
     return counts
 
 

@@ -1,10 +1,9 @@
 """Mixed precision: float32 master parameters and optimizer state, the forward
 and backward passes (and so the gradient allreduce) in bfloat16, and the bytes
-that the all-reduces of an HLO program move, read from its text."""
+that the all-reduces of an HLO program move, read from its text (``d2l.collective_ops``)."""
 import glob
 import math
 import pathlib
-import re
 import tempfile
 import uuid
 
@@ -20,11 +19,6 @@ from .errors import InputError
 from .concise import shard, shard_batch
 from .models import num_correct
 from .utils import Accumulator
-
-
-HLO_BYTES = {"pred": 1, "s8": 1, "u8": 1, "f16": 2, "bf16": 2, "s16": 2,
-             "u16": 2, "f32": 4, "s32": 4, "u32": 4, "f64": 8, "s64": 8,
-             "u64": 8}  # bytes per element of HLO's element types
 
 
 def lost_updates(params, updates, dtype):
@@ -58,10 +52,11 @@ def mixed_loss_fn(params, X, y):
 def allreduce_bytes(hlo_text):
     """Bytes that the all-reduces of an HLO program reduce, by element type."""
     total = {}
-    for result in re.findall(r"= (.*?) all-reduce(?:-start)?\(", hlo_text):
-        for dtype, dims in re.findall(r"(\w+)\[([\d,]*)\]", result):
-            size = math.prod(int(d) for d in dims.split(",") if d)
-            total[dtype] = total.get(dtype, 0) + size * HLO_BYTES[dtype]
+    for op in d2l.collective_ops(hlo_text):  # each once, in any form
+        if op.kind == "all-reduce":
+            for dtype, shape in op.arrays:
+                size = math.prod(shape) * d2l.HLO_BYTES[dtype]
+                total[dtype] = total.get(dtype, 0) + size
     return total
 
 

@@ -1,13 +1,14 @@
 """The schedule of a compiled program: the instructions of its ENTRY
 computation in the order they run, the asynchronous collectives (a ``-start``
-and its ``-done``) with the computation scheduled between them, and how far
-each collective sits from its first user."""
+and its ``-done``, or XLA's generic ``async-start``/``async-done`` around a
+collective) with the computation scheduled between them, and how far each
+collective sits from its first user."""
 import re
 
 from . import _checks as check
 from ._earlier import schedule as d2l
 from .errors import InputError
-from .concise import COLLECTIVES
+from .hlo import COLLECTIVES
 
 
 INSTRUCTION = re.compile(r"\s*(?:ROOT\s+)?%?([\w.-]+) = .*? ([a-z][\w-]*)\(")
@@ -25,16 +26,42 @@ def operand_names(line, start):
     return re.findall(r"%([\w.-]+)", line[start:])
 
 
+def _root_opcodes(hlo_text):
+    """The opcode of each computation's ROOT instruction, by computation name."""
+    roots, computation = {}, None
+    for line in hlo_text.splitlines():
+        if line[:1].strip() and line.rstrip().endswith("{"):  # a header
+            words = line.split()
+            computation = words[words[0] == "ENTRY"].lstrip("%")
+        elif line.lstrip().startswith("ROOT") and computation:
+            match = INSTRUCTION.match(line)
+            if match:
+                roots[computation] = match.group(2)
+    return roots
+
+
 def hlo_schedule(hlo_text):
     """The ENTRY computation of an HLO module as (name, opcode, operands)
-    triples, in the order the compiled program runs them."""
+    triples, in the order the compiled program runs them. A generic
+    asynchronous operation (``async-start(...), calls=%c``, ``async-update``,
+    ``async-done``) is named after the instruction it wraps, as XLA's syntax
+    sugar prints it: ``reduce-scatter-start``, ``reduce-scatter-done``."""
+    roots = _root_opcodes(hlo_text)
     entry = hlo_text[hlo_text.index("\nENTRY"):].split("\n}")[0]
-    schedule = []
+    schedule, wrapped = [], {}  # wrapped: async name -> the opcode it wraps
     for line in entry.splitlines()[1:]:
         match = INSTRUCTION.match(line)
         if match:
             name, opcode = match.groups()
-            operands = operand_names(line, match.end() - 1)
+            operands, inner = operand_names(line, match.end() - 1), None
+            if opcode == "async-start":
+                called = re.search(r"\bcalls=%?([\w.-]+)", line)
+                inner = roots.get(called.group(1)) if called else None
+            elif opcode in ("async-update", "async-done") and operands:
+                inner = wrapped.get(operands[0])
+            if inner:
+                wrapped[name] = inner
+                opcode = inner + opcode[len("async"):]
             schedule.append((name, opcode, operands))
     return schedule
 
@@ -47,6 +74,8 @@ def async_pairs(schedule):
     for done, (_, opcode, operands) in enumerate(schedule):
         if opcode.endswith("-done") and operands and operands[0] in where:
             start = where[operands[0]]
+            while schedule[start][1].endswith("-update"):  # back to the start
+                start = where[schedule[start][2][0]]
             between = [op for _, op, _ in schedule[start + 1:done]]
             pairs.append((opcode[:-len("-done")], start, done, between))
     return pairs
@@ -83,7 +112,8 @@ def plot_schedule(schedule, figsize=(7, 2.8)):
         ax.barh(row, max(use - begin, 0.5), left=begin, height=0.6,
                 color="#DD8452" if "reduce" in opcode else "#4C72B0")
     compute = [i for i, (_, opcode, _) in enumerate(schedule)
-               if opcode not in PLUMBING and not opcode.endswith("-start")
+               if opcode not in PLUMBING
+               and not opcode.endswith(("-start", "-update"))
                and opcode.removesuffix("-done") not in COLLECTIVES]
     ax.plot(compute, [0] * len(compute), "|", color="#222222", markersize=10)
     ax.set_yticks(range(len(rows) + 1),

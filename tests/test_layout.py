@@ -136,3 +136,13 @@ print("unchanged")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          timeout=600)
     assert out.stdout.strip() == "unchanged", out.stderr[-2000:]
+
+
+def test_the_import_lists_are_what_the_notebooks_need():
+    """``d2l_multi/__init__.py``'s imports and ``d2l_multi/_earlier/`` follow from the
+    notebooks (``python tools/api.py`` writes them): a new ``#@save`` function is public, and
+    every ``d2l.NAME`` the ``#@save`` code calls resolves."""
+    root = PACKAGE.parent
+    out = subprocess.run([sys.executable, str(root / "tools" / "api.py"), "--check"],
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr

@@ -12,7 +12,7 @@ from jax import lax
 from jax.sharding import NamedSharding, PartitionSpec as P
 
 import d2l_multi as d2l
-from d2l_multi.pipeline_parallel import _check_table
+from d2l_multi.pipeline_parallel import IDLE, KIND, _check_table
 
 BLOCKS, WIDTH, HIDDEN, BATCH = 8, 8, 16, 16
 ORDERS = {"gpipe": d2l.gpipe_order, "1f1b": d2l.one_f_one_b_order}
@@ -24,7 +24,7 @@ def stage_mesh(p):
 
 
 def kinds_of(table):
-    return np.array([[d2l.KIND[op and op[0]] for op in row] for row in table])
+    return np.array([[KIND[op and op[0]] for op in row] for row in table])
 
 
 @pytest.fixture(scope="module")
@@ -71,9 +71,9 @@ def test_idle_fraction_counted_from_the_run_is_the_bubble(runs, order, p, m):
     table, _, _, ran = runs(order, p, m)
     assert ran.shape == (2 * (m + p - 1), p)
     np.testing.assert_array_equal(ran, kinds_of(table))  # it ran the table, slot by slot
-    idle_slots = (ran == d2l.IDLE).sum(axis=0)
+    idle_slots = (ran == IDLE).sum(axis=0)
     assert (idle_slots == 2 * (p - 1)).all()              # of 2(m + p - 1) slots
-    assert np.allclose((ran == d2l.IDLE).mean(axis=0), d2l.bubble_fraction(p, m),
+    assert np.allclose((ran == IDLE).mean(axis=0), d2l.bubble_fraction(p, m),
                        rtol=0, atol=1e-12)
 
 
@@ -136,7 +136,7 @@ def test_schedules_take_2_m_plus_p_minus_1_slots_with_the_bubble(p, m):
         _check_table(table)                       # every pass after the one it needs
         kinds = kinds_of(table)
         assert len(table) == 2 * (m + p - 1)
-        assert np.allclose((kinds == d2l.IDLE).mean(axis=0), d2l.bubble_fraction(p, m))
+        assert np.allclose((kinds == IDLE).mean(axis=0), d2l.bubble_fraction(p, m))
     assert (d2l.in_flight(kinds_of(d2l.pipeline_schedule(d2l.gpipe_order(p, m)))).max(0)
             == m).all()
     assert d2l.in_flight(kinds).max() <= p           # 1F1B, the last order
@@ -154,7 +154,9 @@ def test_constants_in_the_notebook_equal_the_library():
             assigns = [node for node in ast.parse(src).body if isinstance(node, ast.Assign)]
             exec(compile(ast.Module(assigns, []), nb.name, "exec"), names)
     names.pop("__builtins__")
-    assert names == {name: getattr(d2l, name) for name in ("IDLE", "FORWARD", "BACKWARD", "KIND")}
+    from d2l_multi import pipeline_parallel
+    assert names == {name: getattr(pipeline_parallel, name)
+                     for name in ("IDLE", "FORWARD", "BACKWARD", "KIND")}
 
 
 def test_bubble_fraction():

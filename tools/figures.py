@@ -236,8 +236,9 @@ def three_modes():
 
 
 def shard_map_grad():
-    """Why grad inside shard_map sums: the replicated w is cast to varying (pvary) where it
-    meets the device's batch; the transpose of that cast is a psum of the gradients."""
+    """Why grad inside shard_map sums: the replicated w is cast to varying
+    (jax.lax.pcast(w, 'data', to='varying'), which JAX inserts) where it meets the device's
+    batch; the transpose of that cast is a psum of the gradients."""
     fig, ax = canvas(8.4, 3.3)
     ax.text(2.0, 3.05, "forward", ha="center", size=10, weight="bold")
     ax.text(6.3, 3.05, "backward (jax.grad)", ha="center", size=10, weight="bold")
@@ -251,9 +252,9 @@ def shard_map_grad():
         x2 = 4.4 + d * 0.98
         box(ax, x2, 1.75, 0.88, 0.6, f"device {d}\n$\\nabla L_{d}$", face=LIGHT[d], size=7.5)
         arrow(ax, (x2 + 0.44, 1.75), (6.3, 0.85), color="#777777", lw=0.9)
-    ax.text(3.05, 2.0, "pvary\n(inserted by JAX)", ha="left", va="center", size=8,
-            color="#555555")
-    ax.text(4.35, 1.05, "psum, the\ntranspose\nof pvary", ha="left", va="center", size=8,
+    ax.text(3.05, 2.0, "pcast(w,\n to='varying'),\ninserted by JAX", ha="left", va="center",
+            size=8, color="#555555")
+    ax.text(4.35, 1.05, "psum, the\ntranspose\nof the cast", ha="left", va="center", size=8,
             color="#555555")
     ax.text(2.0, 0.45, "shard_map with check_vma=True (the default):\nw is unvarying, each "
             "$L_d$ varies over the devices", ha="center", va="center", size=8,
@@ -854,6 +855,62 @@ def the_launcher():
 
 
 FIGURES += [the_launcher]
+
+def _blocks(ax, x, y, w, h, split, k=4):
+    """An array drawn as a w x h rectangle (rows go down); split: None (replicated, grey),
+    'rows' or 'cols' (one colour per device), or 'sum' (every device a partial sum)."""
+    if split in (None, "sum"):
+        box(ax, x, y, w, h, "", face=GREY if split is None else "#FFF2CC",
+            style="square,pad=0.0", lw=0.8)
+        return
+    for d in range(k):
+        if split == "rows":
+            box(ax, x, y + h - (d + 1) * h / k, w, h / k, "", face=LIGHT[d],
+                style="square,pad=0.0", lw=0.5)
+        else:
+            box(ax, x + d * w / k, y, w / k, h, "", face=LIGHT[d], style="square,pad=0.0",
+                lw=0.5)
+
+
+def sharded_matmul_cases():
+    """Notebook 09: Y[I,K] = X[I,J] W[J,K] with I, J or K split over 4 devices (one colour
+    each; grey: replicated; yellow: partial sums), and the collective each case needs."""
+    cases = [  # title, splits of X, W, Y, what it needs
+        ("nothing split", None, None, None, "no communication"),
+        ("I split", "rows", None, "rows", "no communication"),
+        ("K split", None, "cols", "cols", "no communication"),
+        ("J split", "cols", "rows", "sum", r"allreduce: $2\,\frac{k-1}{k}\,n_Y$ per device"),
+        ("J split, scattered", "cols", "rows", "rows",
+         r"reduce-scatter: $\frac{k-1}{k}\,n_Y$ per device"),
+        ("I and K split", "rows", "cols", "rows", r"all-gather of W: $\frac{k-1}{k}\,n_W$"),
+    ]
+    fig, ax = canvas(9.0, 4.5)
+    for n, (title, sx, sw, sy, needs) in enumerate(cases):
+        x0, y0 = 0.15 + (n % 3) * 3.0, 2.45 - (n // 3) * 2.1
+        ax.text(x0 + 1.35, y0 + 1.6, title, ha="center", size=9.5, weight="bold")
+        _blocks(ax, x0, y0 + 0.55, 1.0, 0.8, sx)          # X: I x J
+        ax.text(x0 + 1.15, y0 + 0.95, "·", ha="center", va="center", size=14)
+        _blocks(ax, x0 + 1.3, y0 + 0.45, 0.5, 1.0, sw)    # W: J x K
+        ax.text(x0 + 1.98, y0 + 0.95, "=", ha="center", va="center", size=12)
+        _blocks(ax, x0 + 2.15, y0 + 0.55, 0.5, 0.8, sy)   # Y: I x K
+        for cx, name in ((x0 + 0.5, "X"), (x0 + 1.55, "W"), (x0 + 2.4, "Y")):
+            ax.text(cx, y0 + 0.3, name, ha="center", size=8.5, color="#555555")
+        if sy == "sum":
+            ax.text(x0 + 2.4, y0 + 0.95, "Σ", ha="center", va="center", size=11)
+        ax.text(x0 + 1.35, y0 - 0.05, needs, ha="center", size=8,
+                color=INK if needs[0] != "n" else "#555555")
+    for d in range(4):
+        box(ax, 0.2 + d * 0.95, 0.0, 0.2, 0.16, "", face=LIGHT[d], style="square,pad=0.0",
+            lw=0.5)
+        ax.text(0.45 + d * 0.95, 0.08, f"device {d}", va="center", size=7.5)
+    box(ax, 4.1, 0.0, 0.2, 0.16, "", face=GREY, style="square,pad=0.0", lw=0.5)
+    ax.text(4.35, 0.08, "replicated", va="center", size=7.5)
+    box(ax, 5.3, 0.0, 0.2, 0.16, "", face="#FFF2CC", style="square,pad=0.0", lw=0.5)
+    ax.text(5.55, 0.08, "a partial sum on each device", va="center", size=7.5)
+    save(fig, "sharded_matmul_cases")
+
+
+FIGURES += [sharded_matmul_cases]
 
 if __name__ == "__main__":
     wanted = sys.argv[1:]

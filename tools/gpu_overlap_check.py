@@ -22,7 +22,6 @@ are skipped where there is none. Exit status 0 unless the arguments are wrong (2
 import argparse
 import collections
 import os
-import re
 import subprocess
 import sys
 import time
@@ -119,10 +118,11 @@ def summarize(name, hlo):
     kinds = collections.Counter(op for _, op, _ in schedule
                                 if op.removesuffix("-start").removesuffix("-done")
                                 in d2l.COLLECTIVES)
-    everywhere = collections.Counter(
-        op for op in re.findall(r" ([a-z][\w-]*-start)\(", hlo))
+    everywhere = collections.Counter(  # each collective once, in any form
+        op.kind + (" (asynchronous)" if op.asynchronous else "")
+        for op in d2l.collective_ops(hlo))
     print(f"  [{name}] ENTRY: {len(schedule)} instructions, collectives {dict(kinds)}, "
-          f"{len(pairs)} async pairs; whole module: starts {dict(everywhere)}; "
+          f"{len(pairs)} async pairs; whole module: {dict(everywhere)}; "
           f"all-reduce bytes {d2l.allreduce_bytes(hlo)}")
     for kind, start, done, between in pairs:
         work = collections.Counter(op for op in between if op not in d2l.PLUMBING)

@@ -1,6 +1,6 @@
-"""What the ``#@save`` code of ``d2l_multi.mixed_precision`` (notebook 07c) calls as ``d2l.NAME``:
-the functions of earlier notebooks, imported from where they are defined."""
-from ..concise import make_train_step
+"""What the ``#@save`` code of ``d2l_multi.mixed_precision`` calls as ``d2l.NAME``: functions of
+earlier notebooks, imported from where they are defined (written by tools/api.py)."""
+from ..hlo import collective_ops, HLO_BYTES
 from ..models import lenet
 
-__all__ = ["lenet", "make_train_step"]
+__all__ = ["HLO_BYTES", "collective_ops", "lenet"]
