@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 import d2l_multi as d2l
+from d2l_multi.hlo import COLLECTIVE_OP
 
 HLO = Path(__file__).resolve().parent / "hlo"
 FORMS = {"cpu": "cpu_sync.hlo", "gpu": "gpu_async.hlo", "gpu sugared": "gpu_async_sugared.hlo"}
@@ -58,7 +59,7 @@ def test_allreduce_bytes_reads_the_asynchronous_form():
     "  %n = f32[8]{0} add(%all-reduce-start, %all-gather)",            # names, not opcodes
 ])
 def test_instructions_that_are_not_a_collective_to_count(line):
-    assert d2l.COLLECTIVE_OP.match(line) is None
+    assert COLLECTIVE_OP.match(line) is None
     assert d2l.collective_ops(line) == []
 
 
