@@ -20,14 +20,9 @@ import threading
 
 import pytest
 
+from d2l_multi import commands
 from d2l_multi.commands import book as book_module
 from d2l_multi.commands.book import build_book
-from d2l_multi.commands import main as commands_main
-
-
-def main(argv):
-    """``python -m d2l_multi book ARGV``, in this process."""
-    return commands_main(["book", *argv])
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 NOTEBOOKS = sorted(p.stem for p in (ROOT / "chapters").glob("*.ipynb"))
@@ -44,6 +39,11 @@ VISIBLE_PROSE = """() => {
       .forEach(e => e.remove());
   return body.innerText;
 }"""
+
+
+def main(argv):
+    """``python -m d2l_multi book ARGV``, in this process; its exit status."""
+    return commands.main(["book", *argv])
 
 
 def chromium_path():
@@ -97,7 +97,7 @@ def browser():
         pytest.skip("Chromium is missing: install it (Debian/Ubuntu: apt-get install chromium) "
                     "or set D2L_MULTI_CHROMIUM to a Chromium or Chrome binary")
     sync_api = pytest.importorskip("playwright.sync_api",
-                                   reason='Playwright is missing: pip install -e ".[test]"')
+                                   reason='Playwright is missing: pip install -e ".[browser]"')
     with sync_api.sync_playwright() as p:
         browser = p.chromium.launch(executable_path=path, headless=True, args=CHROMIUM_ARGS)
         yield browser

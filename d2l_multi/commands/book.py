@@ -1,7 +1,8 @@
 """Build the chapter as a book (Sphinx + MyST-NB): ``python -m d2l_multi book``.
 
 The landing page and configuration live in ``book/``, the pages are ``chapters/*.ipynb`` in
-file-name order. By default every notebook is executed through jupyter-cache, so a rebuild
+file-name order: those of the checkout the package runs from, or of the folder ``--chapters``
+names (with ``book/`` beside it). By default every notebook is executed through jupyter-cache, so a rebuild
 re-runs only notebooks whose code changed (changes to ``d2l_multi`` itself are not noticed:
 pass ``--rerun`` after them). The notebooks' kernels share JAX's persistent compilation cache
 (``_build/jax_cache``; ``--rerun`` empties it too), so a program several notebooks compile alike
@@ -20,7 +21,7 @@ import tempfile
 import time
 from ..errors import AlreadyExistsError, InputError, NotFoundError
 
-ROOT = pathlib.Path(__file__).resolve().parents[2]
+ROOT = pathlib.Path(__file__).resolve().parents[2]  # the checkout, when run from one
 MODES = ("full", "smoke", "off")
 NEEDS = ("sphinx", "myst_nb", "jupyter_cache", "sphinx_book_theme",
          "sphinxcontrib.bibtex")  # modules of the book extra
@@ -71,11 +72,33 @@ def keep_widget_output_in_cells():
     NotebookClient.on_comm_open_jupyter_widget = lambda self, msg: None
 
 
-def book_paths(root=ROOT):
-    """Return the book's sources, default output and jupyter-cache folders under ``root``."""
-    root = pathlib.Path(root)
+def checkout_chapters():
+    """The ``chapters/`` folder of the checkout this package runs from, or None when it runs
+    from an installation (a wheel), which has no notebooks."""
+    chapters = ROOT / "chapters"
+    return chapters if chapters.is_dir() and (ROOT / "book" / "conf.py").is_file() else None
+
+
+def chapters_folder(chapters=None):
+    """``chapters`` (a folder of notebooks), else the checkout's ``chapters/``; raise
+    InputError when neither is there."""
+    if chapters is not None:
+        return pathlib.Path(chapters).resolve()
+    found = checkout_chapters()
+    if found is None:
+        raise InputError("no chapters folder: this d2l_multi is installed, not run from a "
+                         "checkout of the chapter; pass --chapters DIR, the chapters/ folder "
+                         "of a checkout (book/ beside it)")
+    return found
+
+
+def book_paths(chapters):
+    """Return the book's sources, default output and jupyter-cache folders for the notebooks
+    in ``chapters``: ``book/`` and ``_build/`` are beside it."""
+    chapters = pathlib.Path(chapters)
+    root = chapters.parent
     build = root / "_build"
-    return {"conf": root / "book", "chapters": root / "chapters", "out": build / "html",
+    return {"conf": root / "book", "chapters": chapters, "out": build / "html",
             "cache_full": build / "jupyter_cache", "cache_smoke": build / "jupyter_cache_smoke",
             "jax_cache": build / "jax_cache"}
 
@@ -91,17 +114,18 @@ def compilation_cache_env(folder, environ=None):
     return {name: value for name, value in wanted.items() if name not in environ}
 
 
-def stage_sources(root, dest):
+def stage_sources(chapters, dest):
     """Copy ``book/``, ``chapters/*.ipynb`` and ``chapters/img/`` into ``dest``, the Sphinx
     source folder."""
-    paths = book_paths(root)
+    paths = book_paths(chapters)
     if not (paths["conf"] / "conf.py").is_file():
-        raise NotFoundError(f"{paths['conf'] / 'conf.py'} is missing: build the book from a "
-                                f"checkout of the chapter (it has book/ and chapters/)")
+        raise NotFoundError(f"{paths['conf'] / 'conf.py'} is missing: the book needs the "
+                            f"book/ folder of a checkout of the chapter beside "
+                            f"{paths['chapters']}")
     notebooks = sorted(paths["chapters"].glob("*.ipynb"))
     if not notebooks:
         raise NotFoundError(f"no notebooks in {paths['chapters']}: the book needs "
-                                f"chapters/*.ipynb")
+                            f"chapters/*.ipynb")
     shutil.copytree(paths["conf"], dest, ignore=shutil.ignore_patterns("__pycache__"))
     (dest / "chapters").mkdir()
     for nb in notebooks:
@@ -151,8 +175,9 @@ def format_table(rows):
     return "\n".join(lines)
 
 
-def build_book(out=None, mode="full", root=ROOT, rerun=False, quiet=False):
-    """Build the book into ``out`` (default ``_build/html``) and return ``(index, rows)``.
+def build_book(out=None, mode="full", chapters=None, rerun=False, quiet=False):
+    """Build the book of the notebooks in ``chapters`` (default: the checkout's) into ``out``
+    (default ``_build/html`` beside it) and return ``(index, rows)``.
 
     ``mode`` is 'full' (execute through the cache), 'smoke' (``D2L_MULTI_SMOKE=1``, its own
     cache) or 'off' (no execution). ``rows`` lists each executed notebook's run time. Raises
@@ -161,6 +186,7 @@ def build_book(out=None, mode="full", root=ROOT, rerun=False, quiet=False):
     """
     if mode not in MODES:
         raise InputError(f"mode is {mode!r}; use one of {', '.join(MODES)}")
+    chapters = chapters_folder(chapters)
     missing = [name for name in NEEDS if importlib.util.find_spec(name) is None]
     if missing:
         raise RuntimeError(f"the book needs {', '.join(missing)}, which are not installed: "
@@ -169,7 +195,7 @@ def build_book(out=None, mode="full", root=ROOT, rerun=False, quiet=False):
     from sphinx.errors import SphinxError
     from sphinx.util.docutils import docutils_namespace, patch_docutils
 
-    paths = book_paths(root)
+    paths = book_paths(chapters)
     out = pathlib.Path(out or paths["out"]).resolve()
     reports = out.parent / f"{out.name}-reports"
     check_replaceable(out)
@@ -188,7 +214,7 @@ def build_book(out=None, mode="full", root=ROOT, rerun=False, quiet=False):
     work = pathlib.Path(tempfile.mkdtemp(prefix=f".{out.name}-building-", dir=out.parent))
     try:
         src, html = work / "src", work / "html"
-        stage_sources(root, src)
+        stage_sources(chapters, src)
         if mode == "smoke":
             os.environ["D2L_MULTI_SMOKE"] = "1"
         else:
@@ -246,7 +272,8 @@ def forget_staged_notebooks(cache):
 HELP = "build the chapter as an HTML book"
 DESCRIPTION = ("Build the chapter as a book (HTML) from book/ and chapters/*.ipynb. By default "
                "every notebook is executed (cached by jupyter-cache: a rebuild re-runs only "
-               "notebooks whose code changed).")
+               "notebooks whose code changed). An installed d2l_multi has no notebooks: pass "
+               "--chapters, the chapters/ folder of a checkout.")
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
@@ -256,8 +283,11 @@ def configure(parser: argparse.ArgumentParser) -> None:
                      help="execute with D2L_MULTI_SMOKE=1 (quick; numbers are not results)")
     how.add_argument("--no-execute", action="store_true",
                      help="do not execute: pages show the code without outputs")
+    parser.add_argument("--chapters", type=pathlib.Path, default=None, metavar="DIR",
+                        help="the notebooks, with the book's book/ folder beside DIR (default: "
+                             "chapters/ of the checkout d2l_multi runs from)")
     parser.add_argument("--out", type=pathlib.Path, default=None,
-                        help="output folder (default: _build/html in the repository)")
+                        help="output folder (default: _build/html beside the chapters folder)")
     parser.add_argument("--rerun", action="store_true",
                         help="empty this mode's execution cache (and JAX's compilation cache) "
                              "first, e.g. after changing d2l_multi (the cache only notices "
@@ -281,12 +311,13 @@ def versions():
 def run(args: argparse.Namespace) -> int:
     """Build the book as ``args`` say; return the exit status."""
     mode = "smoke" if args.smoke else "off" if args.no_execute else "full"
+    chapters = chapters_folder(args.chapters)
     start = time.perf_counter()
     if mode != "off":  # execution times mean something only next to the machine that ran them
         from ..hardware import describe_machine
         print(f"machine before the build: {describe_machine()}\n{versions()}")
     try:
-        index, rows = build_book(args.out, mode, rerun=args.rerun, quiet=args.quiet)
+        index, rows = build_book(args.out, mode, chapters, rerun=args.rerun, quiet=args.quiet)
     except (RuntimeError, FileNotFoundError, FileExistsError) as err:
         print(f"book: {err}", file=sys.stderr)
         return 1

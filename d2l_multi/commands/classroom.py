@@ -4,6 +4,8 @@
     python -m d2l_multi classroom teacher COURSE [NOTEBOOK ...]  # an nbgrader course
     python -m d2l_multi classroom grade COURSE SUBMISSIONS OUT   # scores to OUT/grades.csv
 
+NOTEBOOKs are notebooks or folders of them; without any, the notebooks of ``chapters/`` in the
+checkout d2l_multi runs from (an installed d2l_multi has none: name them).
 The book's notebooks stay the one source. ``assignment`` turns one into nbgrader's format:
 the cells before ``## Solutions`` unchanged; for each exercise, an answer cell for the
 written part; a cell that calls a check (``check.NAME(answer)``, d2l_multi/exercises/)
@@ -38,7 +40,7 @@ TEXT_STUB = "YOUR ANSWER HERE"
 BEGIN, END = "### BEGIN SOLUTION", "### END SOLUTION"
 BEGIN_HIDDEN, END_HIDDEN = "### BEGIN HIDDEN TESTS", "### END HIDDEN TESTS"
 LABEL = re.compile(r"^(?:\*\*(\d+)\.\*\*[ \t]*|#{3,4}[ \t]+(?:Exercise[ \t]+)?(\d+)\b.*$)")
-CHAPTERS = pathlib.Path(__file__).resolve().parents[2] / "chapters"
+CHAPTERS = pathlib.Path(__file__).resolve().parents[2] / "chapters"  # in a checkout
 NOTEBOOK_KEY = "d2l_multi"  # notebook metadata: {"notebook": the book notebook's name}
 
 
@@ -318,10 +320,15 @@ c.Execute.timeout = {timeout}
 
 def _notebooks(paths):
     if not paths:
+        if not CHAPTERS.is_dir():
+            raise ClassroomError("no notebooks given, and this d2l_multi is installed, not run "
+                                 "from a checkout of the chapter: name the notebooks or their "
+                                 "folder (the chapters/ folder of a checkout) after the output "
+                                 "folder")
         paths = sorted(CHAPTERS.glob("*.ipynb"))
         if not paths:
-            raise ClassroomError("no notebooks given and no chapters/ folder next to the "
-                                 "package: name the notebooks to include")
+            raise ClassroomError(f"no notebooks given and none in {CHAPTERS}: name the "
+                                 f"notebooks or their folder after the output folder")
     found = []
     for p in map(pathlib.Path, paths):
         if p.is_dir():
@@ -684,11 +691,15 @@ def configure(parser: argparse.ArgumentParser) -> None:
     sub = parser.add_subparsers(dest="command", required=True)
     p = sub.add_parser("student", help="write the student edition: no solutions, starters")
     p.add_argument("out", type=pathlib.Path, help="a new folder")
-    p.add_argument("notebooks", nargs="*", help="notebooks or folders (default: chapters/)")
+    p.add_argument("notebooks", nargs="*",
+                   help="notebooks or folders of notebooks (default: chapters/ of the "
+                        "checkout d2l_multi runs from)")
     p = sub.add_parser("teacher", help="write an nbgrader course: source (solutions, hidden "
                                        "tests), release (the student edition), gradebook.db")
     p.add_argument("course", type=pathlib.Path, help="a new folder")
-    p.add_argument("notebooks", nargs="*", help="notebooks or folders (default: chapters/)")
+    p.add_argument("notebooks", nargs="*",
+                   help="notebooks or folders of notebooks (default: chapters/ of the "
+                        "checkout d2l_multi runs from)")
     p = sub.add_parser("grade", help="grade a folder of submitted notebooks into a CSV")
     p.add_argument("course", type=pathlib.Path, help="the folder `classroom teacher` made")
     p.add_argument("submissions", type=pathlib.Path,
