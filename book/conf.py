@@ -1,7 +1,7 @@
 """Sphinx configuration of the chapter's book: the landing page plus every notebook in chapters/.
 
-Build it with ``python -m d2l_multi book`` (see ``d2l_multi/book.py``), which stages this folder
-and the notebooks into one source tree and sets the execution mode and cache.
+Build it with ``python -m d2l_multi book`` (see ``d2l_multi/commands/book.py``), which stages
+this folder and the notebooks into one source tree and sets the execution mode and cache.
 """
 import pathlib
 import sys
@@ -23,11 +23,12 @@ root_doc = "index"
 exclude_patterns = ["_build", "**.ipynb_checkpoints"]
 nitpicky = True
 
-# Notebooks: executed through jupyter-cache, so a rebuild re-runs only notebooks whose code
-# changed. `python -m d2l_multi book` sets the mode and the cache folder (smoke and full runs
-# keep separate caches).
-nb_execution_mode = "cache"
-nb_execution_timeout = 1800            # seconds per notebook; a full run takes up to ~10 min
+# Notebooks: the pages show the outputs stored in them, those of a full run (`python -m
+# d2l_multi book --rerun` refreshes them), so nothing is executed. `python -m d2l_multi book
+# --smoke` executes copies through jupyter-cache instead (it sets the mode and the cache
+# folder, and the timeout, d2l_multi.commands.book.KERNEL_TIMEOUT).
+nb_execution_mode = "off"
+nb_execution_timeout = 1800            # seconds a cell may run when executing
 nb_execution_raise_on_error = False    # a failing notebook is a warning, which -W makes fatal
 nb_execution_show_tb = True
 nb_merge_streams = True

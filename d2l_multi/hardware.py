@@ -9,6 +9,7 @@ import os
 from .errors import InputError
 
 _choice = None  # (devices, reason), decided once per process by ``devices()``
+_machine_said = False  # ``simulate_devices`` names the machine once per process
 
 
 def _jax():
@@ -37,7 +38,17 @@ def simulate_devices(n=8):
                 f"{n} now. Restart the kernel (or Python process) and call "
                 f"d2l_multi.simulate_devices({n}) before any other JAX code runs "
                 f"(or set JAX_NUM_CPU_DEVICES={n} before starting Python).") from None
+    _say_machine()
     return devices()
+
+
+def _say_machine():
+    """Print ``machine_line`` once per process: a notebook's first output says what its
+    outputs were computed on."""
+    global _machine_said
+    if not _machine_said:
+        _machine_said = True
+        print(machine_line(_accelerators()))
 
 
 def size_cpu_thread_pool(n, environ=None):
@@ -196,8 +207,8 @@ def devices(n=None):
 _first_devices = devices  # device_mesh's argument ``devices`` hides the function
 
 
-def describe_machine():
-    """One line naming this machine: CPU model, cores, load average and OS (starts no JAX)."""
+def cpu_model():
+    """The CPU's model name ('AMD EPYC 7B13'), else the machine type ('x86_64')."""
     import platform
     cpu = platform.processor() or platform.machine()
     try:
@@ -205,9 +216,43 @@ def describe_machine():
             cpu = next(line.split(":", 1)[1].strip() for line in f if "model name" in line)
     except (OSError, StopIteration):
         pass
+    return cpu
+
+
+def describe_machine():
+    """One line naming this machine: CPU model, cores, load average and OS (starts no JAX)."""
+    import platform
     load = " ".join(f"{x:.2f}" for x in os.getloadavg()) if hasattr(os, "getloadavg") else "?"
-    return (f"{cpu}, {os.cpu_count()} cores, load average {load}, "
+    return (f"{cpu_model()}, {os.cpu_count()} cores, load average {load}, "
             f"{platform.system()} {platform.release()}")
+
+
+def versions():
+    """'python 3.11.7, jax 0.10.2, ...': the versions that decide what the notebooks compute
+    (those installed of jax, jaxlib, flax, optax, orbax-checkpoint, grain, keras)."""
+    import platform
+    from importlib import metadata
+    found = [f"python {platform.python_version()}"]
+    for name in ("jax", "jaxlib", "flax", "optax", "orbax-checkpoint", "grain", "keras"):
+        try:
+            found.append(f"{name} {metadata.version(name)}")
+        except metadata.PackageNotFoundError:
+            pass
+    return ", ".join(found)
+
+
+def machine_line(accelerators=()):
+    """'d2l_multi: AMD EPYC 7B13, 2 cores; python 3.11.7, jax 0.10.2, ...' in one or two
+    lines of at most 88 characters: the CPU, the cores this process may use, the
+    ``accelerators`` (devices with a ``device_kind``) and the versions."""
+    import textwrap
+    kinds = {}
+    for device in accelerators:
+        kinds[device.device_kind] = kinds.get(device.device_kind, 0) + 1
+    found = "".join(f", {count} x {kind}" for kind, count in kinds.items())
+    text = f"d2l_multi: {cpu_model()}, {cpu_threads({})} cores{found}; {versions()}"
+    return textwrap.fill(text, 88, subsequent_indent="  ", break_long_words=False,
+                         break_on_hyphens=False)
 
 
 def describe(devs):

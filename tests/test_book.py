@@ -1,4 +1,5 @@
-"""The book builds (execution off, warnings are errors) and reads well in headless Chromium.
+"""The book builds from the notebooks' stored outputs (nothing executed, warnings are errors)
+and reads well in headless Chromium.
 
 Every page is served from 127.0.0.1 and must load with no console error, no failed request and
 no request anywhere else (fonts, MathJax and scripts are all local); images have a size, math
@@ -59,7 +60,8 @@ def book(tmp_path_factory, worker_id):
     """The built book, built once per test session (xdist workers share it under a lock).
 
     ``D2L_MULTI_BOOK=DIR`` checks a book built before instead, e.g. an executed one
-    (``python -m d2l_multi book --smoke && D2L_MULTI_BOOK=_build/html pytest tests/test_book.py``).
+    (``python -m d2l_multi book --smoke && D2L_MULTI_BOOK=_build/html-smoke pytest
+    tests/test_book.py``).
     """
     if os.environ.get("D2L_MULTI_BOOK"):
         return pathlib.Path(os.environ["D2L_MULTI_BOOK"]).resolve()
@@ -71,7 +73,7 @@ def book(tmp_path_factory, worker_id):
     with open(base / "book.lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         if not (out / "index.html").exists():
-            build_book(out, mode="off", quiet=True)
+            build_book(out, mode="stored", quiet=True)
     return out
 
 
@@ -170,9 +172,9 @@ def test_importing_the_package_does_not_import_sphinx():
 
 
 def test_book_command_refuses_bad_options_and_foreign_folders(tmp_path, capsys):
-    assert main(["--smoke", "--no-execute"]) == 2
+    assert main(["--smoke", "chapters/00_devices.ipynb"]) == 2
     (tmp_path / "notes.txt").write_text("mine")
-    assert main(["--no-execute", "--out", str(tmp_path)]) == 1
+    assert main(["--out", str(tmp_path)]) == 1
     assert "holds files that no build of the book wrote (notes.txt)" in capsys.readouterr().err
     assert (tmp_path / "notes.txt").read_text() == "mine"
 
@@ -201,7 +203,7 @@ def test_only_a_folder_holding_nothing_but_an_earlier_build_is_replaced(book, tm
     stray.mkdir()
     (stray / ".buildinfo").write_text("x")
     (stray / "notes.txt").write_text("mine")
-    assert main(["--no-execute", "--quiet", "--out", str(stray)]) == 1
+    assert main(["--quiet", "--out", str(stray)]) == 1
     err = capsys.readouterr().err
     assert f"{stray} holds files that no build of the book wrote (.buildinfo, notes.txt)" in err
     assert sorted(p.name for p in stray.iterdir()) == [".buildinfo", "notes.txt"]
@@ -218,7 +220,7 @@ def test_a_reports_folder_that_a_build_did_not_write_is_kept(tmp_path, capsys):
     reports = tmp_path / "site-reports"
     reports.mkdir()
     (reports / "mine.txt").write_text("mine")
-    assert main(["--no-execute", "--quiet", "--out", str(tmp_path / "site")]) == 1
+    assert main(["--quiet", "--out", str(tmp_path / "site")]) == 1
     err = capsys.readouterr().err
     assert f"{reports} holds files that no build of the book wrote (mine.txt)" in err
     assert (reports / "mine.txt").read_text() == "mine" and not (tmp_path / "site").exists()
@@ -231,7 +233,7 @@ def test_a_mount_point_is_refused_before_building(tmp_path, capsys):
                                            capture_output=True).returncode:
         pytest.skip("needs root to mount a folder")
     try:
-        assert main(["--no-execute", "--quiet", "--out", str(mount)]) == 1
+        assert main(["--quiet", "--out", str(mount)]) == 1
     finally:
         subprocess.run(["umount", str(mount)], check=True)
     err = capsys.readouterr().err
@@ -242,11 +244,40 @@ def test_a_mount_point_is_refused_before_building(tmp_path, capsys):
 def test_a_missing_book_extra_names_the_install_command(tmp_path):
     code = ("import sys; sys.modules['myst_nb'] = None\n"  # as if myst-nb were not installed
             "from d2l_multi.commands import main; sys.exit(main(sys.argv[1:]))")
-    result = subprocess.run([sys.executable, "-c", code, "book", "--no-execute", "--out",
+    result = subprocess.run([sys.executable, "-c", code, "book", "--out",
                              str(tmp_path / "site")], capture_output=True, text=True, timeout=120)
     assert result.returncode == 1, result.stderr
     assert "the book needs myst_nb" in result.stderr
     assert 'pip install -e ".[book]"' in result.stderr and "Traceback" not in result.stderr
+
+
+def test_the_book_shows_the_stored_outputs_and_names_the_stale_notebooks(tmp_path):
+    """Nothing is executed: a page shows what its notebook stores, and the banner names the
+    notebooks whose outputs are not those of a full run of their current code (here a copy of
+    the chapter, with a stored output given to the first notebook and taken from the second)."""
+    import nbformat
+    shutil.copytree(ROOT / "book", tmp_path / "book")
+    shutil.copytree(ROOT / "chapters", tmp_path / "chapters")
+    first, second = (tmp_path / "chapters" / f"{name}.ipynb" for name in NOTEBOOKS[:2])
+    nb = nbformat.read(first, as_version=4)
+    cell = next(c for c in nb.cells if c.cell_type == "code")
+    cell.outputs = [nbformat.v4.new_output("stream", name="stdout", text="stored 4242\n")]
+    nb.metadata["d2l_multi"] = {"run": {"code_hash": book_module.code_hash(nb), "smoke": False,
+                                        "outputs_hash": book_module.outputs_hash(nb)}}
+    nbformat.write(nb, first)
+    nb = nbformat.read(second, as_version=4)
+    for cell in nb.cells:
+        if cell.cell_type == "code":
+            cell.outputs, cell.execution_count = [], None
+    nbformat.write(nb, second)
+    stale = book_module.stale_notebooks(tmp_path / "chapters")
+    assert NOTEBOOKS[1] in stale and NOTEBOOKS[0] not in stale
+    index, rows = build_book(tmp_path / "html", "stored", tmp_path / "chapters", quiet=True)
+    assert rows == [] and not (tmp_path / "_build").exists()  # no execution, no cache
+    page = (tmp_path / "html" / "chapters" / f"{NOTEBOOKS[0]}.html").read_text()
+    assert "stored 4242" in page
+    banner = f"{len(stale)} of the notebooks lack the outputs of a full run of their current"
+    assert banner in index.read_text()
 
 
 PAGES = ["index.html"] + [f"chapters/{name}.html" for name in NOTEBOOKS]

@@ -10,7 +10,8 @@ import jax
 import pytest
 
 import d2l_multi as d2l
-from d2l_multi.hardware import choose_devices, describe_machine, set_cpu_compiler_flags, size_cpu_thread_pool
+from d2l_multi.hardware import (choose_devices, describe_machine, machine_line,
+                                set_cpu_compiler_flags, size_cpu_thread_pool)
 
 
 def run_python(code, timeout=120):
@@ -60,8 +61,12 @@ def test_simulate_devices_in_a_fresh_process():
         "try:\n    d2l.simulate_devices(2)\n"
         "except RuntimeError as e:\n    print('ERR', e)\n")
     lines = out.strip().splitlines()
-    assert lines[0] == "d2l_multi: using 4 CPU devices (no accelerator found)"  # said once
-    assert lines[1:3] == ["4", "4"]
+    using = lines.index("d2l_multi: using 4 CPU devices (no accelerator found)")  # said once
+    machine = " ".join(line.strip() for line in lines[:using])  # the machine, said first
+    assert machine.startswith("d2l_multi: ") and " cores; python 3." in machine
+    assert f"jax {jax.__version__}, jaxlib " in machine and 1 <= using <= 2
+    assert lines[using + 1:using + 3] == ["4", "4"]
+    lines = lines[using:]
     assert lines[3].startswith("ERR JAX has already started with 4 CPU device(s)")
     assert "Restart the kernel" in lines[3] and "simulate_devices(2)" in lines[3]
 
@@ -190,6 +195,16 @@ def test_a_plain_loop_of_queued_multi_device_steps_finishes():
             "for i in range(400):\n    w = step(w, x)            # never waits\n"
             "print('finished', float(w[0, 0]) > 0)")
     assert run_python(code, timeout=240).split()[-2:] == ["finished", "True"]
+
+
+def test_the_first_output_names_the_accelerators_and_the_versions_in_short_lines():
+    gpus = [SimpleNamespace(device_kind="NVIDIA H200")] * 2 + [
+        SimpleNamespace(device_kind="NVIDIA A100-SXM4-80GB")]
+    lines = machine_line(gpus).splitlines()
+    text = " ".join(line.strip() for line in lines)
+    assert " cores, 2 x NVIDIA H200, 1 x NVIDIA A100-SXM4-80GB; python 3." in text
+    assert f"jax {jax.__version__}" in text and "orbax-checkpoint " in text
+    assert len(lines) <= 2 and max(map(len, lines)) <= 88, lines
 
 
 def test_the_machine_is_described_without_starting_jax():

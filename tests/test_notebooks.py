@@ -1,12 +1,20 @@
 """The notebooks meet the chapter's writing standard (docs/writing.md): one class each, the
 same first cell, no scaffolding in the cells a reader copies, runnable #@save cells, the end
-matter in order with the solutions folded, and nothing about how the book was made."""
+matter in order with the solutions folded, nothing about how the book was made, and stored
+outputs from a full run of the current code (``python -m d2l_multi book --rerun``)."""
 import ast
 import json
 import pathlib
 import re
+import subprocess
+import sys
+import tomllib
 
+import nbformat
 import pytest
+
+from d2l_multi import commands
+from d2l_multi.commands import book
 
 CHAPTERS = pathlib.Path(__file__).resolve().parent.parent / "chapters"
 NOTEBOOKS = sorted(CHAPTERS.glob("*.ipynb"))
@@ -41,12 +49,21 @@ def test_there_are_notebooks():
     assert NOTEBOOKS
 
 
+def freshness(path):
+    """None, or one line naming the notebook at ``path``, why its stored outputs are stale,
+    and the command that refreshes them."""
+    reason = book.stale(json.loads(pathlib.Path(path).read_text()))
+    if reason is None:
+        return None
+    return f"{path.name}: {reason}; refresh it: {book.REFRESH} chapters/{path.name}"
+
+
 @params
-def test_no_outputs_or_execution_counts(nb):
-    for i, (kind, _, cell) in enumerate(cells(nb)):
-        if kind == "code":
-            assert not cell["outputs"] and cell["execution_count"] is None, (
-                f"{nb.name} cell {i} has outputs: jupyter nbconvert --clear-output --inplace")
+def test_stored_outputs_are_those_of_a_full_run_of_the_current_code(nb):
+    """Every notebook is committed with the outputs of a full (not smoke) run of its current
+    code cells, none of them an error: a notebook edited without refreshing fails here."""
+    message = freshness(nb)
+    assert message is None, message
 
 
 @params
@@ -124,3 +141,157 @@ def test_references_section_when_citing(nb):
     if "{cite" in text:
         assert "## References" in text and "{bibliography}" in text, (
             f"{nb.name} cites but has no References section (docs/writing.md)")
+
+
+# The freshness check itself, on a small notebook in a temporary folder.
+
+def small_notebook(path, *cells):
+    nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_markdown_cell("# A small notebook")] + [
+        nbformat.v4.new_code_cell(c) for c in cells])
+    nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3",
+                                 "language": "python"}
+    nbformat.write(nb, path)
+    return path
+
+
+SMALL = ("print(6 * 7)", "import os\nprint('smoke:', os.environ.get('D2L_MULTI_SMOKE'))")
+
+
+@pytest.fixture(scope="module")
+def refreshed(tmp_path_factory):
+    """A small notebook after a full refresh, and the seconds the refresh reported."""
+    path = small_notebook(tmp_path_factory.mktemp("fresh") / "small.ipynb", *SMALL)
+    seconds = book.refresh_notebook(path)
+    return path, seconds
+
+
+@pytest.fixture
+def fresh(refreshed, tmp_path):
+    copy = tmp_path / refreshed[0].name
+    copy.write_bytes(refreshed[0].read_bytes())
+    return copy
+
+
+def edit(path, change):
+    nb = json.loads(path.read_text())
+    change(nb)
+    path.write_text(json.dumps(nb, indent=1))
+
+
+def test_a_refreshed_notebook_holds_its_outputs_and_the_record_of_a_full_run(refreshed):
+    path, seconds = refreshed
+    nb = nbformat.read(path, as_version=4)
+    printed = ["".join(o.get("text", "") for o in c.outputs) for c in nb.cells[1:]]
+    assert printed == ["42\n", "smoke: None\n"]  # a full run, whatever the tests' switch
+    run = nb.metadata["d2l_multi"]["run"]
+    assert run["smoke"] is False and run["code_hash"] == book.code_hash(nb)
+    assert run["seconds"] == round(seconds, 1) and run["versions"].startswith("python 3.")
+    assert " cores, load average " in run["machine"] and run["date"].endswith("+00:00")
+    assert freshness(path) is None and not list(path.parent.glob(".*refreshing"))
+
+
+def test_a_notebook_whose_code_changed_after_its_refresh_is_stale(fresh):
+    edit(fresh, lambda nb: nb["cells"][1].update(source="print(6 * 9)"))
+    assert freshness(fresh) == (
+        "small.ipynb: its code cells changed after its outputs were computed; refresh it: "
+        "python -m d2l_multi book --rerun chapters/small.ipynb")
+
+
+def test_prose_and_line_ends_do_not_make_a_notebook_stale(fresh):
+    edit(fresh, lambda nb: nb["cells"][0].update(source="# A small notebook, reworded"))
+    edit(fresh, lambda nb: nb["cells"][2].update(
+        source=["import os\r\n", "print('smoke:', os.environ.get('D2L_MULTI_SMOKE'))\n"]))
+    assert freshness(fresh) is None
+
+
+def test_a_stored_error_output_is_refused(fresh):
+    error = nbformat.v4.new_output("error", ename="AssertionError", evalue="", traceback=[])
+    edit(fresh, lambda nb: nb["cells"][2]["outputs"].append(error))
+    assert freshness(fresh).startswith("small.ipynb: code cell 1 holds an error output "
+                                       "(AssertionError); refresh it: ")
+
+
+def test_outputs_of_another_run_and_missing_outputs_are_refused(fresh, tmp_path):
+    edit(fresh, lambda nb: nb["cells"][1]["outputs"][0].update(text="41\n"))
+    assert "its outputs changed after the full run that recorded them" in freshness(fresh)
+    edit(fresh, lambda nb: nb["metadata"].pop("d2l_multi"))
+    assert "no record of the run its outputs come from" in freshness(fresh)
+    bare = small_notebook(tmp_path / "bare.ipynb", *SMALL)
+    assert "bare.ipynb: no stored outputs; refresh it" in freshness(bare)
+
+
+def test_the_outputs_of_a_smoke_run_are_refused(tmp_path):
+    path = small_notebook(tmp_path / "small.ipynb", *SMALL)
+    book.refresh_notebook(path, smoke=True)
+    nb = nbformat.read(path, as_version=4)
+    assert nb.cells[2].outputs[0]["text"] == "smoke: 1\n"
+    assert nb.metadata["d2l_multi"]["run"]["smoke"] is True
+    assert "its outputs come from a smoke run" in freshness(path)
+
+
+def test_a_notebook_that_fails_keeps_its_old_file_and_the_command_names_it(
+        tmp_path, refreshed, capsys):
+    """``book --rerun`` refreshes the named notebooks; one that fails is left as it was (the
+    others are refreshed), the command names it, exits 1 and builds no book."""
+    chapters = tmp_path / "chapters"
+    chapters.mkdir()
+    good = small_notebook(chapters / "good.ipynb", *SMALL)
+    bad = small_notebook(chapters / "bad.ipynb", "print('before')", "assert 1 + 1 == 3")
+    old = (chapters / "old.ipynb")
+    old.write_bytes(refreshed[0].read_bytes())
+    edit(old, lambda nb: nb["cells"][2].update(source="1 / 0"))
+    before = {p.name: p.read_bytes() for p in (bad, old)}
+    status = commands.main(["book", "--rerun", "--chapters", str(chapters), str(old), str(bad),
+                            str(good)])
+    err = capsys.readouterr().err
+    assert status == 1
+    assert "2 notebook(s) failed and keep their old outputs: old, bad" in err
+    assert "ZeroDivisionError" in err and "AssertionError" in err
+    assert {p.name: p.read_bytes() for p in (bad, old)} == before
+    assert freshness(good) is None and not (tmp_path / "_build" / "html").exists()
+    assert sorted(p.name for p in chapters.iterdir()) == ["bad.ipynb", "good.ipynb", "old.ipynb"]
+
+
+def test_the_command_refreshes_only_the_named_notebooks_then_builds_the_book(
+        tmp_path, monkeypatch, capsys):
+    chapters = tmp_path / "chapters"
+    chapters.mkdir()
+    named, other = (small_notebook(chapters / f"{n}.ipynb", *SMALL) for n in ("a", "b"))
+    untouched = other.read_bytes()
+    built = []
+    monkeypatch.setattr(book, "build_book", lambda *args, **kwargs: (
+        built.append((args, kwargs)) or (tmp_path / "html" / "index.html", [])))
+    assert commands.main(["book", "--rerun", "--chapters", str(chapters), str(named)]) == 0
+    assert freshness(named) is None and other.read_bytes() == untouched
+    assert built[0][0][1:3] == ("stored", chapters.resolve())  # the stored outputs
+    out = capsys.readouterr().out
+    assert "a: refreshed in " in out and "b:" not in out
+
+
+@pytest.mark.parametrize("argv,message", [
+    (["chapters/00_devices.ipynb"], "NOTEBOOKs are refreshed by --rerun alone"),
+    (["--smoke", "--rerun", "chapters/00_devices.ipynb"], "refreshed by --rerun alone"),
+    (["--rerun", "chapters/missing.ipynb"], "NOTEBOOK chapters/missing.ipynb is not a notebook"),
+])
+def test_the_command_refuses_notebooks_it_would_not_refresh(argv, message, capsys):
+    assert commands.main(["book", *argv]) == 2
+    assert message in capsys.readouterr().err
+
+
+def test_nbmake_neither_writes_into_the_notebooks_nor_minds_their_stored_outputs(fresh):
+    """CI executes every notebook with nbmake (smoke mode, the configuration of
+    pyproject.toml): a stored error output does not fail the run, and the file is not
+    rewritten."""
+    root = pathlib.Path(__file__).resolve().parent.parent
+    addopts = tomllib.loads((root / "pyproject.toml").read_text())["tool"]["pytest"][
+        "ini_options"]["addopts"]
+    assert "--nbmake" in addopts and "--overwrite" not in addopts
+    error = nbformat.v4.new_output("error", ename="AssertionError", evalue="", traceback=[])
+    edit(fresh, lambda nb: nb["cells"][2]["outputs"].append(error))
+    before = fresh.read_bytes()
+    result = subprocess.run(
+        [sys.executable, "-m", "pytest", "-c", str(root / "pyproject.toml"), "--rootdir",
+         str(fresh.parent), "-q", "-p", "no:xdist", str(fresh)],
+        capture_output=True, text=True, timeout=300, cwd=fresh.parent)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "1 passed" in result.stdout and fresh.read_bytes() == before

@@ -1,7 +1,7 @@
 """Author notebooks as percent-format Python and build them (jupytext), keeping #@save cells
 equal to the library.
 
-    python tools/nb.py build SRC.py chapters/NN_name.ipynb   # percent .py -> notebook, no outputs
+    python tools/nb.py build SRC.py chapters/NN_name.ipynb   # percent .py -> notebook
     python tools/nb.py source chapters/NN_name.ipynb SRC.py  # notebook -> percent .py, to edit
     python tools/nb.py sync chapters/NN_name.ipynb           # #@save cells <- library source
     python tools/nb.py solutions chapters/*.ipynb            # apply the Solutions convention
@@ -9,6 +9,11 @@ equal to the library.
 In a source, a line ``#@src name1 name2`` is replaced by the library's source of those
 ``d2l_multi`` functions/classes (separated by blank lines), so a ``#@save`` cell is written as
 ``#@save`` + ``#@src name`` and cannot drift from the package (tests/test_book_sync.py checks).
+
+``build`` keeps the stored outputs (and the record of the run behind them) of the notebook it
+replaces when the code cells are unchanged, so editing prose needs no new run; a notebook whose
+code changed loses its outputs until ``python -m d2l_multi book --rerun NOTEBOOK`` refreshes it
+(tests/test_notebooks.py checks that every notebook's outputs are those of its current code).
 
 The ``## Solutions`` heading gets a markdown cell of its own, marked
 ``"jp-MarkdownHeadingCollapsed": true``, so JupyterLab opens the notebook with the solutions
@@ -48,9 +53,30 @@ def build(src, dst):
         if cell.cell_type == "code":
             cell.outputs, cell.execution_count = [], None
     mark_solutions(nb)
+    keep_outputs(nb, dst)
     tmp = pathlib.Path(dst).with_suffix(".tmp.ipynb")
     jupytext.write(nb, tmp, fmt="ipynb")
     tmp.replace(dst)
+
+
+def keep_outputs(nb, old_path):
+    """Give ``nb`` the outputs and run record of the notebook at ``old_path`` when that exists
+    and has the same code cells (``code_hash``); return whether it did."""
+    from d2l_multi.commands.book import RUN_KEY, code_hash
+    old_path = pathlib.Path(old_path)
+    if not old_path.is_file():
+        return False
+    old = nbformat.read(old_path, as_version=4)
+    if code_hash(old) != code_hash(nb):
+        return False
+    old_code = [c for c in old.cells if c.cell_type == "code"]
+    new_code = [c for c in nb.cells if c.cell_type == "code"]
+    for was, cell in zip(old_code, new_code):
+        cell.outputs, cell.execution_count = was.outputs, was.execution_count
+    for key in (RUN_KEY, "language_info", "widgets"):
+        if key in old.metadata:
+            nb.metadata[key] = old.metadata[key]
+    return True
 
 
 def sync(nb_path):

@@ -7,7 +7,9 @@
   ``sphinx-mathjax-offline`` package (PyPI), which ships MathJax 3.2.2 with its fonts; no page
   asks a CDN for anything.
 * Every notebook page starts with a link to its ``.ipynb`` and how to run it.
-* ``d2l_book_mode`` ('full', 'smoke' or 'off') puts a banner on builds that are not full runs.
+* ``d2l_book_mode`` ('stored' or 'smoke') and ``d2l_book_stale`` (the notebooks whose stored
+  outputs are not those of a full run of their current code) put a banner on a book that does
+  not show full runs' outputs throughout.
 * Citations read as in d2l: (Goyal et al., 2017; He et al., 2016), the reference style
   ``author_year_round``.
 """
@@ -25,11 +27,10 @@ MATHJAX_ENTRY = "mathjax/tex-chtml.js"
 # MathJax's single-file TeX + CommonHTML build and what it may load on demand (fonts, TeX
 # extensions via autoload, menu, accessibility); the other combined builds are left out.
 MATHJAX_PARTS = ["tex-chtml.js", "input", "output", "ui", "a11y", "sre", "adaptors"]
-BANNERS = {
-    "smoke": "Smoke build (D2L_MULTI_SMOKE=1): outputs come from shrunken runs; "
-             "their numbers are not results.",
-    "off": "Built without executing the notebooks: code is shown without outputs.",
-}
+SMOKE_BANNER = ("Smoke build (D2L_MULTI_SMOKE=1): outputs come from shrunken runs; "
+                "their numbers are not results.")
+STALE_BANNER = ("{count} of the notebooks lack the outputs of a full run of their current "
+                "code ({names}); python -m d2l_multi book --rerun refreshes them.")
 
 
 def round_brackets():
@@ -99,7 +100,7 @@ def add_notebook_link(app, doctree):
     para += nodes.Text("This page is the notebook ")
     para += nodes.reference("", "", nodes.literal(text=source.name), refuri=href,
                             classes=["d2l-download-notebook"])
-    para += nodes.Text(": download it (without outputs) and open it with ")
+    para += nodes.Text(": download it and open it with ")
     para += nodes.literal(text="jupyter lab")
     para += nodes.Text(". Its first cell gives a CPU-only machine 8 simulated devices.")
     title = top.next_node(nodes.title)
@@ -127,18 +128,22 @@ def copy_mathjax(app, exc):
 
 
 def configure(app, config):
-    mode = config.d2l_book_mode
-    if mode not in {"full", "smoke", "off"}:
-        raise ExtensionError(f"d2l_book_mode is {mode!r}; use 'full', 'smoke' or 'off'")
-    if mode in BANNERS:
-        config.html_theme_options = {**config.html_theme_options, "announcement": BANNERS[mode]}
+    mode, stale = config.d2l_book_mode, list(config.d2l_book_stale)
+    if mode not in {"stored", "smoke"}:
+        raise ExtensionError(f"d2l_book_mode is {mode!r}; use 'stored' or 'smoke'")
+    shown = stale[:3] + ([f"{len(stale) - 3} more"] if len(stale) > 3 else [])
+    banner = (SMOKE_BANNER if mode == "smoke" else
+              STALE_BANNER.format(count=len(stale), names=", ".join(shown)) if stale else None)
+    if banner:
+        config.html_theme_options = {**config.html_theme_options, "announcement": banner}
     mathjax_source()  # fail early, not after the build, when MathJax is not installed
     config.mathjax_path = MATHJAX_ENTRY
 
 
 def setup(app):
     register_reference_style()
-    app.add_config_value("d2l_book_mode", "full", "html")
+    app.add_config_value("d2l_book_mode", "stored", "html")
+    app.add_config_value("d2l_book_stale", [], "html")
     app.add_node(solutions, html=(visit_solutions_html, depart_solutions_html),
                  latex=(skip, skip), text=(skip, skip), man=(skip, skip),
                  texinfo=(skip, skip))

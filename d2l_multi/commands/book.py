@@ -1,18 +1,28 @@
-"""Build the chapter as a book (Sphinx + MyST-NB): ``python -m d2l_multi book``.
+"""Build the chapter as a book (Sphinx + MyST-NB), and refresh the notebooks' stored outputs.
 
-The landing page and configuration live in ``book/``, the pages are ``chapters/*.ipynb`` in
+``python -m d2l_multi book`` renders the notebooks' stored outputs without executing anything:
+every notebook in ``chapters/`` is committed with the outputs of a full run. ``--rerun``
+first executes every notebook (or only the NOTEBOOKs named) at full size with nbclient, in its
+folder, and writes its outputs back with a record of the run (``metadata["d2l_multi"]["run"]``:
+the hash of its code cells and of its outputs, the machine, the versions, the seconds, the
+date); then it renders the book. A notebook that fails keeps its old file, and the command names
+it and exits 1 without building the book. ``stale(nb)`` says why a notebook's outputs are not
+those of a full run of its current code (tests/test_notebooks.py).
+
+``--smoke`` executes copies of the notebooks with ``D2L_MULTI_SMOKE=1`` (cached by
+jupyter-cache in ``_build/jupyter_cache_smoke``; with ``--rerun``, afresh) into its own folder,
+``_build/html-smoke``; it never writes into ``chapters/``. Kernels share JAX's persistent
+compilation cache (``_build/jax_cache``, emptied by ``--rerun``). The notebooks are pages in
 file-name order: those of the checkout the package runs from, or of the folder ``--chapters``
-names (with ``book/`` beside it). By default every notebook is executed through jupyter-cache, so a rebuild
-re-runs only notebooks whose code changed (changes to ``d2l_multi`` itself are not noticed:
-pass ``--rerun`` after them). The notebooks' kernels share JAX's persistent compilation cache
-(``_build/jax_cache``; ``--rerun`` empties it too), so a program several notebooks compile alike
-is compiled once. ``--smoke`` executes with ``D2L_MULTI_SMOKE=1`` and its own
-cache; ``--no-execute`` shows the code without outputs. Warnings fail the build, and the book
-at ``--out`` is replaced only by a build that succeeded, and only if it holds nothing but the
-files an earlier build wrote (each build lists them in ``.d2l-book-files``).
+names (with ``book/`` beside it). Warnings fail the build, and the book at ``--out`` is
+replaced only by a build that succeeded, and only if it holds nothing but the files an earlier
+build wrote (each build lists them in ``.d2l-book-files``).
 """
 import argparse
+import datetime
+import hashlib
 import importlib.util
+import json
 import os
 import pathlib
 import shutil
@@ -20,9 +30,13 @@ import sys
 import tempfile
 import time
 from ..errors import AlreadyExistsError, InputError, NotFoundError
+from ..hardware import describe_machine, versions
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]  # the checkout, when run from one
-MODES = ("full", "smoke", "off")
+MODES = ("stored", "smoke")  # render the stored outputs; execute copies with the smoke switch
+KERNEL_TIMEOUT = 1800  # seconds a cell may run (a notebook's full run takes at most 10 minutes)
+RUN_KEY = "d2l_multi"  # notebook metadata: {"run": the record of the run behind its outputs}
+REFRESH = "python -m d2l_multi book --rerun"
 NEEDS = ("sphinx", "myst_nb", "jupyter_cache", "sphinx_book_theme",
          "sphinxcontrib.bibtex")  # modules of the book extra
 LISTING = ".d2l-book-files"  # the files a build wrote into a folder, one path a line
@@ -93,14 +107,140 @@ def chapters_folder(chapters=None):
 
 
 def book_paths(chapters):
-    """Return the book's sources, default output and jupyter-cache folders for the notebooks
-    in ``chapters``: ``book/`` and ``_build/`` are beside it."""
+    """Return the book's sources, default output folders and caches for the notebooks in
+    ``chapters``: ``book/`` and ``_build/`` are beside it."""
     chapters = pathlib.Path(chapters)
     root = chapters.parent
     build = root / "_build"
     return {"conf": root / "book", "chapters": chapters, "out": build / "html",
-            "cache_full": build / "jupyter_cache", "cache_smoke": build / "jupyter_cache_smoke",
+            "out_smoke": build / "html-smoke", "cache_smoke": build / "jupyter_cache_smoke",
             "jax_cache": build / "jax_cache"}
+
+
+def _text(source):
+    return "".join(source) if isinstance(source, list) else source
+
+
+def code_hash(nb):
+    """'sha256:...' of the code cells' sources of ``nb`` (a notebook as a dict), in order; line
+    ends and trailing white space do not count."""
+    texts = [_text(c["source"]).replace("\r\n", "\n").rstrip()
+             for c in nb["cells"] if c["cell_type"] == "code"]
+    return "sha256:" + hashlib.sha256(json.dumps(texts).encode()).hexdigest()
+
+
+def outputs_hash(nb):
+    """'sha256:...' of the code cells' outputs of ``nb``, however a tool splits their text
+    into lines: a later execution (by hand, in smoke mode) changes it."""
+    def joined(value):
+        if isinstance(value, dict):
+            return {key: joined(v) for key, v in value.items()}
+        if isinstance(value, list):
+            return ("".join(value) if all(isinstance(v, str) for v in value) else
+                    [joined(v) for v in value])
+        return value
+    outputs = [joined(c.get("outputs", [])) for c in nb["cells"] if c["cell_type"] == "code"]
+    text = json.dumps(outputs, sort_keys=True, ensure_ascii=False)
+    return "sha256:" + hashlib.sha256(text.encode()).hexdigest()
+
+
+def stale(nb):
+    """Why the stored outputs of ``nb`` (a notebook as a dict) are not those of a full run of
+    its current code by ``python -m d2l_multi book --rerun``; None when they are."""
+    code = [c for c in nb["cells"] if c["cell_type"] == "code"]
+    for i, cell in enumerate(code):
+        for output in cell.get("outputs", []):
+            if output.get("output_type") == "error":
+                return f"code cell {i} holds an error output ({output.get('ename')})"
+    if not any(cell.get("outputs") for cell in code):
+        return "no stored outputs"
+    run = nb.get("metadata", {}).get(RUN_KEY, {}).get("run")
+    if not isinstance(run, dict):
+        return "no record of the run its outputs come from"
+    if run.get("smoke") is not False:
+        return "its outputs come from a smoke run (D2L_MULTI_SMOKE=1), not a full one"
+    if run.get("code_hash") != code_hash(nb):
+        return "its code cells changed after its outputs were computed"
+    if run.get("outputs_hash") != outputs_hash(nb):
+        return "its outputs changed after the full run that recorded them"
+    return None
+
+
+def stale_notebooks(chapters):
+    """``{name: reason}`` for each notebook in ``chapters`` whose outputs are ``stale``."""
+    found = {}
+    for path in sorted(pathlib.Path(chapters).glob("*.ipynb")):
+        reason = stale(json.loads(path.read_text()))
+        if reason:
+            found[path.stem] = reason
+    return found
+
+
+class NotebookFailed(RuntimeError):
+    """A notebook that could not be refreshed; its file is unchanged."""
+
+
+def refresh_notebook(path, jax_cache=None, smoke=False, timeout=KERNEL_TIMEOUT):
+    """Execute the notebook at ``path`` in its folder, full size (``smoke``: with
+    ``D2L_MULTI_SMOKE=1``), and write its outputs and run record back in its place; return the
+    seconds it ran. The kernel shares JAX's compilation cache in ``jax_cache`` (when given).
+    Raises NotebookFailed, leaving the file as it was, when a cell fails or times out, the
+    kernel dies, or the file changed while it ran."""
+    import nbformat
+    from nbclient import NotebookClient
+    path = pathlib.Path(path).resolve()
+    before = path.read_bytes()
+    nb = nbformat.reads(before.decode(), as_version=4)
+    env = {name: value for name, value in os.environ.items() if name != "D2L_MULTI_SMOKE"}
+    if smoke:
+        env["D2L_MULTI_SMOKE"] = "1"
+    if jax_cache is not None:
+        env.update(compilation_cache_env(jax_cache, env))
+    keep_widget_output_in_cells()
+    client = NotebookClient(nb, timeout=timeout, record_timing=False,
+                            resources={"metadata": {"path": str(path.parent)}})
+    machine = describe_machine()
+    date = datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds")
+    start = time.perf_counter()
+    try:
+        client.execute(env=env)
+    except Exception as err:  # a failed cell, a timeout, a dead kernel: the file stays
+        raise NotebookFailed(f"{path.name}: {type(err).__name__}: {err}") from err
+    seconds = time.perf_counter() - start
+    nb.metadata.setdefault(RUN_KEY, {})["run"] = {
+        "code_hash": code_hash(nb), "outputs_hash": outputs_hash(nb), "smoke": smoke,
+        "machine": machine, "versions": versions(), "seconds": round(seconds, 1),
+        "date": date}
+    text = nbformat.writes(nb).rstrip("\n") + "\n"
+    if path.read_bytes() != before:
+        raise NotebookFailed(f"{path.name} changed while it ran; its outputs were not "
+                             f"written: run it again")
+    tmp = path.with_name(f".{path.name}.refreshing")
+    try:
+        tmp.write_text(text)
+        tmp.replace(path)
+    finally:
+        tmp.unlink(missing_ok=True)
+    return seconds
+
+
+def refresh_notebooks(notebooks, jax_cache=None, say=print):
+    """Refresh each of ``notebooks`` (``refresh_notebook``), saying each one's time as it
+    ends; return the rows (name, 'refreshed' or 'failed', seconds) and the failures'
+    messages. A failure does not stop the others."""
+    rows, failures = [], []
+    for path in notebooks:
+        start = time.perf_counter()
+        try:
+            seconds = refresh_notebook(path, jax_cache)
+        except NotebookFailed as err:
+            seconds = time.perf_counter() - start
+            rows.append((pathlib.Path(path).stem, "failed", seconds))
+            failures.append(str(err))
+        else:
+            rows.append((pathlib.Path(path).stem, "refreshed", seconds))
+        say(f"{rows[-1][0]}: {rows[-1][1]} in {seconds:.0f} s")
+    return rows, failures
 
 
 def compilation_cache_env(folder, environ=None):
@@ -175,14 +315,17 @@ def format_table(rows):
     return "\n".join(lines)
 
 
-def build_book(out=None, mode="full", chapters=None, rerun=False, quiet=False):
+def build_book(out=None, mode="stored", chapters=None, rerun=False, quiet=False):
     """Build the book of the notebooks in ``chapters`` (default: the checkout's) into ``out``
-    (default ``_build/html`` beside it) and return ``(index, rows)``.
+    and return ``(index, rows)``.
 
-    ``mode`` is 'full' (execute through the cache), 'smoke' (``D2L_MULTI_SMOKE=1``, its own
-    cache) or 'off' (no execution). ``rows`` lists each executed notebook's run time. Raises
-    RuntimeError when Sphinx reports a warning or an error; ``out`` is then left as it was.
-    An existing ``out`` is replaced only if it is empty or an earlier build of the book.
+    ``mode`` 'stored' renders the outputs stored in the notebooks (nothing is executed; a
+    banner names the notebooks whose outputs are ``stale``) into ``_build/html`` by default;
+    'smoke' executes copies with ``D2L_MULTI_SMOKE=1``, through its own cache (emptied first
+    when ``rerun``), into ``_build/html-smoke``. ``rows`` lists each executed notebook's run
+    time. Raises RuntimeError when Sphinx reports a warning or an error; ``out`` is then left
+    as it was. An existing ``out`` is replaced only if it is empty or an earlier build of the
+    book.
     """
     if mode not in MODES:
         raise InputError(f"mode is {mode!r}; use one of {', '.join(MODES)}")
@@ -196,29 +339,29 @@ def build_book(out=None, mode="full", chapters=None, rerun=False, quiet=False):
     from sphinx.util.docutils import docutils_namespace, patch_docutils
 
     paths = book_paths(chapters)
-    out = pathlib.Path(out or paths["out"]).resolve()
+    smoke = mode == "smoke"
+    out = pathlib.Path(out or paths["out_smoke" if smoke else "out"]).resolve()
     reports = out.parent / f"{out.name}-reports"
     check_replaceable(out)
     check_replaceable(reports)
     out.parent.mkdir(parents=True, exist_ok=True)
-    cache = paths["cache_smoke" if mode == "smoke" else "cache_full"]
-    if rerun and cache.exists():
-        shutil.rmtree(cache)
-    if rerun:  # every program compiled afresh too
+    cache = paths["cache_smoke"]
+    if smoke and rerun:  # every notebook and program executed and compiled afresh
+        shutil.rmtree(cache, ignore_errors=True)
         shutil.rmtree(paths["jax_cache"], ignore_errors=True)
-    kernel_env = compilation_cache_env(paths["jax_cache"]) if mode != "off" else {}
-    overrides = {"nb_execution_mode": "off" if mode == "off" else "cache",
-                 "nb_execution_cache_path": str(cache), "d2l_book_mode": mode}
+    kernel_env = compilation_cache_env(paths["jax_cache"]) if smoke else {}
+    overrides = {"nb_execution_mode": "cache" if smoke else "off",
+                 "nb_execution_cache_path": str(cache), "nb_execution_timeout": KERNEL_TIMEOUT,
+                 "d2l_book_mode": mode,
+                 "d2l_book_stale": [] if smoke else sorted(stale_notebooks(chapters))}
     shutil.rmtree(reports, ignore_errors=True)  # an earlier build's (check_replaceable)
     saved_env = os.environ.get("D2L_MULTI_SMOKE")
     work = pathlib.Path(tempfile.mkdtemp(prefix=f".{out.name}-building-", dir=out.parent))
     try:
         src, html = work / "src", work / "html"
         stage_sources(chapters, src)
-        if mode == "smoke":
+        if smoke:
             os.environ["D2L_MULTI_SMOKE"] = "1"
-        else:
-            os.environ.pop("D2L_MULTI_SMOKE", None)  # a full build must not run in smoke mode
         os.environ.update(kernel_env)  # the kernels inherit it: one compilation cache for all
         started = time.time()
         shown = [(str(src / "chapters"), str(paths["chapters"])), (str(src), str(paths["conf"])),
@@ -241,7 +384,7 @@ def build_book(out=None, mode="full", chapters=None, rerun=False, quiet=False):
                 (html / "reports").rename(reports)
             raise RuntimeError(f"the book did not build: fix the warnings or errors listed "
                                f"above (warnings count as errors); {out} is unchanged")
-        rows = execution_table(app, started) if mode != "off" else []
+        rows = execution_table(app, started) if smoke else []
         list_files(html)
         old = work / "previous"
         if out.exists():
@@ -255,7 +398,7 @@ def build_book(out=None, mode="full", chapters=None, rerun=False, quiet=False):
         for name in kernel_env:
             os.environ.pop(name, None)
         shutil.rmtree(work, ignore_errors=True)
-        if mode != "off" and cache.exists():
+        if smoke and cache.exists():
             forget_staged_notebooks(cache)
     return out / "index.html", rows
 
@@ -269,61 +412,81 @@ def forget_staged_notebooks(cache):
             cache.remove_nb_from_project(record.pk)
 
 
-HELP = "build the chapter as an HTML book"
-DESCRIPTION = ("Build the chapter as a book (HTML) from book/ and chapters/*.ipynb. By default "
-               "every notebook is executed (cached by jupyter-cache: a rebuild re-runs only "
-               "notebooks whose code changed). An installed d2l_multi has no notebooks: pass "
-               "--chapters, the chapters/ folder of a checkout.")
+HELP = "build the chapter as an HTML book; refresh the notebooks' outputs"
+DESCRIPTION = ("Build the chapter as a book (HTML) from book/ and chapters/*.ipynb, showing the "
+               "outputs stored in the notebooks (nothing is executed). --rerun first executes "
+               "every notebook, or the NOTEBOOKs named, at full size and writes its outputs "
+               "back. An installed d2l_multi has no notebooks: pass --chapters, the chapters/ "
+               "folder of a checkout.")
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
     """The options of ``python -m d2l_multi book``."""
-    how = parser.add_mutually_exclusive_group()
-    how.add_argument("--smoke", action="store_true",
-                     help="execute with D2L_MULTI_SMOKE=1 (quick; numbers are not results)")
-    how.add_argument("--no-execute", action="store_true",
-                     help="do not execute: pages show the code without outputs")
+    parser.add_argument("notebooks", nargs="*", type=pathlib.Path, metavar="NOTEBOOK",
+                        help="with --rerun: refresh only these notebooks (default: all)")
+    parser.add_argument("--rerun", action="store_true",
+                        help="execute the notebooks at full size and write their outputs "
+                             "back into them, then build the book (with --smoke: execute "
+                             "every copy afresh)")
+    parser.add_argument("--smoke", action="store_true",
+                        help="execute copies with D2L_MULTI_SMOKE=1 into _build/html-smoke "
+                             "(quick; numbers are not results; chapters/ is not written)")
     parser.add_argument("--chapters", type=pathlib.Path, default=None, metavar="DIR",
                         help="the notebooks, with the book's book/ folder beside DIR (default: "
                              "chapters/ of the checkout d2l_multi runs from)")
     parser.add_argument("--out", type=pathlib.Path, default=None,
-                        help="output folder (default: _build/html beside the chapters folder)")
-    parser.add_argument("--rerun", action="store_true",
-                        help="empty this mode's execution cache (and JAX's compilation cache) "
-                             "first, e.g. after changing d2l_multi (the cache only notices "
-                             "changes to the notebooks)")
+                        help="output folder (default: _build/html, or _build/html-smoke, "
+                             "beside the chapters folder)")
     parser.add_argument("--quiet", "-q", action="store_true", help="print only warnings")
 
 
-def versions():
-    """'python 3.11.7, jax 0.10.2, ...': the versions that decide what the notebooks compute."""
-    import platform
-    from importlib import metadata
-    found = [f"python {platform.python_version()}"]
-    for name in ("jax", "jaxlib", "flax", "optax", "orbax-checkpoint", "grain", "keras"):
-        try:
-            found.append(f"{name} {metadata.version(name)}")
-        except metadata.PackageNotFoundError:
-            pass
-    return ", ".join(found)
+def notebooks_to_refresh(names, chapters):
+    """The notebooks ``names`` (paths), or every notebook in ``chapters``; InputError for a
+    name that is not a notebook file."""
+    if not names:
+        found = sorted(pathlib.Path(chapters).glob("*.ipynb"))
+        if not found:
+            raise InputError(f"no notebooks in {chapters}")
+        return found
+    for name in names:
+        if name.suffix != ".ipynb" or not name.is_file():
+            raise InputError(f"NOTEBOOK {name} is not a notebook file (.ipynb)")
+    return [name.resolve() for name in dict.fromkeys(names)]
 
 
 def run(args: argparse.Namespace) -> int:
     """Build the book as ``args`` say; return the exit status."""
-    mode = "smoke" if args.smoke else "off" if args.no_execute else "full"
+    if args.notebooks and (args.smoke or not args.rerun):
+        raise InputError("NOTEBOOKs are refreshed by --rerun alone: python -m d2l_multi book "
+                         "--rerun chapters/NAME.ipynb")
+    mode = "smoke" if args.smoke else "stored"
     chapters = chapters_folder(args.chapters)
     start = time.perf_counter()
-    if mode != "off":  # execution times mean something only next to the machine that ran them
-        from ..hardware import describe_machine
-        print(f"machine before the build: {describe_machine()}\n{versions()}")
+    rows = []
+    if args.rerun or args.smoke:  # execution times mean something only next to the machine
+        print(f"machine before the run: {describe_machine()}\n{versions()}")
+    if args.rerun and not args.smoke:
+        notebooks = notebooks_to_refresh(args.notebooks, chapters)
+        jax_cache = book_paths(chapters)["jax_cache"]
+        shutil.rmtree(jax_cache, ignore_errors=True)  # every program compiled afresh
+        say = (lambda line: None) if args.quiet else (lambda line: print(line, flush=True))
+        rows, failures = refresh_notebooks(notebooks, jax_cache, say)
+        if failures:
+            print("\n\n".join(failures), file=sys.stderr)
+            names = [name for name, how, _ in rows if how == "failed"]
+            print(f"book: {len(names)} notebook(s) failed and keep their old outputs: "
+                  f"{', '.join(names)}; the book was not built", file=sys.stderr)
+            return 1
     try:
-        index, rows = build_book(args.out, mode, chapters, rerun=args.rerun, quiet=args.quiet)
+        index, executed = build_book(args.out, mode, chapters, rerun=args.rerun,
+                                     quiet=args.quiet)
     except (RuntimeError, FileNotFoundError, FileExistsError) as err:
         print(f"book: {err}", file=sys.stderr)
         return 1
+    rows += executed
     seconds = time.perf_counter() - start
     if rows:
         print(format_table(rows))
-    print(f"book ({mode} build) written to {index.parent} in {seconds:.0f} s; "
-          f"open {index}")
+    what = {"stored": "stored outputs", "smoke": "smoke run"}[mode]
+    print(f"book ({what}) written to {index.parent} in {seconds:.0f} s; open {index}")
     return 0
