@@ -242,17 +242,19 @@ def versions():
 
 
 def machine_line(accelerators=()):
-    """'d2l_multi: AMD EPYC 7B13, 2 cores; python 3.11.7, jax 0.10.2, ...' in one or two
-    lines of at most 88 characters: the CPU, the cores this process may use, the
-    ``accelerators`` (devices with a ``device_kind``) and the versions."""
+    """'d2l_multi: AMD EPYC 7B13, 2 cores; python 3.11.7, jax 0.10.2, ...' in lines of at
+    most 88 characters (two on most machines): the CPU, the cores this process may use, the
+    ``accelerators`` (devices with a ``device_kind``) and the versions, never splitting a
+    name from its version."""
     import textwrap
     kinds = {}
     for device in accelerators:
         kinds[device.device_kind] = kinds.get(device.device_kind, 0) + 1
     found = "".join(f", {count} x {kind}" for kind, count in kinds.items())
-    text = f"d2l_multi: {cpu_model()}, {cpu_threads({})} cores{found}; {versions()}"
+    text = (f"d2l_multi: {cpu_model()}, {cpu_threads({})} cores{found}; "
+            + versions().replace(" ", "\u00a0").replace(",\u00a0", ", "))
     return textwrap.fill(text, 88, subsequent_indent="  ", break_long_words=False,
-                         break_on_hyphens=False)
+                         break_on_hyphens=False).replace("\u00a0", " ")
 
 
 def describe(devs):
