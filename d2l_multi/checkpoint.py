@@ -254,7 +254,9 @@ def _steps(directory):
 
 
 def _finished(folder):
-    """Whether Orbax's step metadata says that the save of ``folder`` was committed."""
+    """Whether Orbax's step metadata says that the save of ``folder`` was committed. A
+    PathError names any file in it that is not a regular one (reading it could block)."""
+    check.regular_files(folder, "delete that step's folder, or restore another step")
     try:
         return ocp.metadata.get_step_metadata(folder).commit_timestamp_nsecs is not None
     except ValueError:  # no step metadata, or not JSON

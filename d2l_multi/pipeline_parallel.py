@@ -283,7 +283,7 @@ def _check_pipeline_step(params, X, Y, mesh, table):
         if explicit and (not spec or spec[0] != "stage"):
             raise InputError("params are not split over the mesh's 'stage' axis; place them "
                              "with jax.device_put(params, NamedSharding(mesh, P('stage')))")
-    check.labels(X, Y)
+    check.examples(X, Y, ("X", "Y"))
     check.divisible(len(X), m, what="batch size", over="micro-batches")
 
 

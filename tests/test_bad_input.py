@@ -51,7 +51,7 @@ CASES = [
     ("dataset_dir('cifar')", lambda: dataset_dir("cifar"), "unknown dataset 'cifar'"),
     # a label outside 0..9 would silently count as another class (JAX clamps indices)
     ("train_batch(y=-1)", lambda: d2l.train_batch(replicated(), X, np.full(64, -1), 8, 0.1),
-     "y holds the label -1, but labels are class indices from 0 up"),
+     "y holds the label -1, but labels are class indices from 0 to 9"),
     ("split_batch(y=-3)", lambda: d2l.split_batch(X, np.full(64, -3), 8), "the label -3"),
     ("shard_batch(y=-1)", lambda: d2l.shard_batch(X, np.full(64, -1), d2l.device_mesh()),
      "the label -1"),
@@ -69,3 +69,85 @@ CASES = [
 def test_bad_input_is_refused_with_the_fix(call, message):
     with pytest.raises(ValueError, match=re.escape(message) if "\\" not in message else message):
         call()
+
+
+# ----- values that used to pass silently, hang or abort the process -----
+
+def test_train_refuses_out_of_range_labels_in_its_data_before_training():
+    data = d2l.FashionMNIST(256)
+    data.train[1][:50] = 12  # 50 labels outside the 10 classes
+    with pytest.raises(d2l.InputError, match=r"label 12.*from 0 to 9") as e:
+        d2l.train(8, 256, 0.1, 1, data)
+    assert "\n" not in str(e.value)
+
+
+@pytest.mark.parametrize("y,bad", [
+    (jax.numpy.zeros(64, jax.numpy.int32).at[3].set(-1), -1),  # a JAX array
+    (np.where(np.arange(64) == 5, 10, 0).astype(np.int32), 10),  # NumPy, past the last class
+    ([0] * 63 + [11], 11),                                       # a list
+])
+def test_train_batch_checks_the_labels_of_any_array_type(y, bad):
+    with pytest.raises(d2l.InputError, match=rf"y holds the label {bad}\b.*from 0 to 9"):
+        d2l.train_batch(replicated(), X, y, 8, 0.1)
+
+
+def _run_python(code, timeout):
+    """Run ``code`` in a fresh Python (8 simulated devices): (status, stderr's last line)."""
+    import subprocess
+    import sys
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                            timeout=timeout)
+    lines = result.stderr.strip().splitlines() or [""]
+    return result.returncode, lines[-1]
+
+
+def test_a_checkpoint_whose_array_files_are_fifos_is_refused_within_seconds(tmp_path):
+    """Reading a FIFO waits for a writer forever (and Ctrl-C with it): refused, naming it."""
+    code = f"""
+import os, pathlib, numpy as np
+import d2l_multi as d2l
+d2l.simulate_devices(8)
+folder = pathlib.Path({str(tmp_path / "run")!r})
+state = {{"w": np.ones(10, np.float32)}}
+with d2l.checkpoint_manager(folder) as manager:
+    d2l.save_checkpoint(manager, 1, state)
+    d2l.wait_for_saves(manager)
+for path in [p for p in folder.rglob("*") if p.is_file() and "/d/" in str(p)]:
+    path.unlink()
+    os.mkfifo(path)
+try:
+    d2l.restore_checkpoint(folder, state)
+except OSError as e:
+    raise SystemExit(f"{{type(e).__name__}}: {{e}}")
+"""
+    status, line = _run_python(code, timeout=120)
+    assert status == 1 and line.startswith("PathError: ") and "FIFO" in line, line
+    assert str(tmp_path / "run" / "1") in line
+
+
+def test_a_resize_the_machine_cannot_hold_is_refused_with_the_figure():
+    """Not an abort of the process (XLA's check failure would end a notebook's kernel)."""
+    code = """
+import d2l_multi as d2l
+try:
+    d2l.FashionMNIST(resize=(4000, 4000))
+except MemoryError as e:
+    raise SystemExit(f"{type(e).__name__}: {e}")
+"""
+    status, line = _run_python(code, timeout=120)
+    assert status == 1 and line.startswith("TooLargeError: resize=(4000, 4000)"), line
+    assert "GB" in line
+
+
+def test_a_second_train_run_into_the_same_out_is_refused_at_once(tmp_path, capsys):
+    import fcntl
+    from d2l_multi import commands
+    out = tmp_path / "tw"
+    out.mkdir()
+    with open(out / ".lock", "a") as lock:  # a run holds the folder
+        fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        status = commands.main(["train", "--devices", "8", "--cpu-devices", "8",
+                                "--epochs", "1", "--out", str(out)])
+    err = capsys.readouterr().err.strip()
+    assert status == 1 and f"--out {out} is in use by another run" in err
+    assert len(err.splitlines()) == 1 and not (out / "results.json").exists()
