@@ -93,6 +93,16 @@ def _is_tracer(x: Any) -> bool:
     return jax is not None and isinstance(x, jax.core.Tracer)
 
 
+def _values(x: Any) -> np.ndarray | None:
+    """``x``'s values as a NumPy array, or None for a traced or abstract value (inside
+    ``jit``; a ``jax.ShapeDtypeStruct``) or one this process holds only part of."""
+    jax = sys.modules.get("jax")
+    if _is_tracer(x) or not getattr(x, "is_fully_addressable", True) or (
+            jax is not None and isinstance(x, jax.ShapeDtypeStruct)):
+        return None
+    return np.asarray(x)
+
+
 def _number(value: Any) -> int | float | None:
     """``value`` as a Python int or float if it is a real number (Python, NumPy or a 0-d
     array; not a bool), else None."""
@@ -152,6 +162,7 @@ def divisible(size: int, parts: int, what: str = "batch size", over: str = "devi
     """Raise an InputError naming the nearest good sizes unless ``size`` splits into
     ``parts``."""
     integer(1, **{f"the number of {over}": parts})
+    integer(0, **{what: size})
     if size % parts:
         lower = size - size % parts
         options = " or ".join(str(s) for s in (lower, lower + parts) if s > 0)
@@ -185,9 +196,10 @@ def labels(y: Any, num_classes: int | None = None, name: str = "y", stacked: int
                          f"got shape {shape}")
     if not shape[0]:
         raise InputError(f"{name} is empty (0 labels); pass at least one example")
-    if _is_tracer(y) or not getattr(y, "is_fully_addressable", True):
+    values = _values(y)
+    if values is None:
         return  # no values to look at here
-    values = np.ravel(y)
+    values = values.ravel()
     if values.dtype.kind not in "iu":
         raise InputError(f"{name} holds {values.dtype} values, not class indices; pass "
                          f"integers, e.g. {name}.astype(np.int32)")
@@ -210,8 +222,8 @@ def images(X: Any, channels: int | None = None, name: str = "X", stacked: int = 
     if len(shape) != 4:
         raise InputError(f"{name} has shape {shape}, but a batch of images is 4-D: (batch, "
                          f"height, width, channels); add the channel axis, e.g. X[..., None]")
-    if (shape[1] == channels != shape[3]) or (channels is None and shape[1] in (1, 3)
-                                               and shape[2] == shape[3] > 4):
+    if shape[1] in (1, 3) and shape[3] not in (1, 3) and (shape[1] == channels or
+                                                          shape[2] == shape[3]):
         raise InputError(f"{name} has shape {shape}, which looks NCHW; the chapter's images "
                          f"are NHWC (batch, height, width, channels): "
                          f"{name}.transpose(0, 2, 3, 1)")
@@ -223,10 +235,8 @@ def images(X: Any, channels: int | None = None, name: str = "X", stacked: int = 
 def finite_values(X: Any, name: str = "X") -> None:
     """Raise an InputError naming the first NaN or infinity in the array ``X`` and where it
     is: fed to a model it makes every output NaN, which looks like divergence."""
-    if _is_tracer(X) or not getattr(X, "is_fully_addressable", True):
-        return
-    values = np.asarray(X)
-    if values.dtype.kind not in "fc":
+    values = _values(X)
+    if values is None or values.dtype.kind not in "fc":
         return
     bad = ~np.isfinite(values)
     if bad.any():
@@ -334,6 +344,19 @@ def nonempty(**values: Any) -> None:
     for name, value in values.items():
         if len(value) == 0:
             raise InputError(f"{name} is empty ({value!r}); pass at least one item")
+
+
+def some_batches(evaluate: Callable[P, R]) -> Callable[P, R]:
+    """``evaluate`` (an evaluation over ``data_iter``) raising an InputError, not a
+    ZeroDivisionError, when ``data_iter`` yields no batch."""
+    @functools.wraps(evaluate)
+    def counted(*args, **kwargs):
+        try:
+            return evaluate(*args, **kwargs)
+        except ZeroDivisionError:
+            raise InputError("data_iter yielded no batches; pass a loader with at least one "
+                             "example, e.g. data.get_dataloader(train=False)") from None
+    return counted
 
 
 def tree(value: Any, name: str = "params") -> None:

@@ -11,6 +11,7 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 import optax
 from jax import lax
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
@@ -39,7 +40,8 @@ def shard_batch(X: ArrayLike, y: ArrayLike, mesh: Mesh,
 def _check_batch_labels(X: ArrayLike, y: ArrayLike, mesh: Mesh,
                         axis_name: str = "data") -> None:
     check.examples(X, y)
-    check.labels(y)
+    if not check._is_tracer(y) and np.ndim(y) == 1 and np.asarray(y).dtype.kind in "iu":
+        check.labels(y)  # class indices: none negative
 
 
 shard_batch = check.validated(shard_batch, _check_batch_labels)

@@ -212,6 +212,9 @@ def _port_in_use(address):
         s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
             s.bind((host.strip("[]"), int(port)))
+        except PermissionError:
+            return NoAccessError(f"process 0 could not start the coordinator on {address}: "
+                                 f"ports below 1024 need root; launch again without --port")
         except OSError as e:
             if e.errno != errno.EADDRINUSE:
                 return None  # leave it to JAX

@@ -5,7 +5,6 @@ CPU and GPU alike. ``conv2d`` is XLA's convolution; ``conv2d_im2col`` computes t
 matrix product over shifted slices (im2col), the formulation the appendix A1_fast_lenet_on_cpu
 measures against it.
 """
-import functools
 from collections.abc import Iterable
 
 import jax
@@ -131,18 +130,6 @@ def _check_evaluate(params: Params, data_iter: Iterable[tuple[ArrayLike, ArrayLi
         check.nonempty(data_iter=data_iter)
 
 
-def _counts_examples(evaluate):
-    """``evaluate`` raising an InputError, not a ZeroDivisionError, for data without batches."""
-    @functools.wraps(evaluate)
-    def checked(params, data_iter):
-        try:
-            return evaluate(params, data_iter)
-        except ZeroDivisionError:
-            raise InputError("data_iter yielded no batches; pass a loader with at least one "
-                             "example, e.g. data.get_dataloader(train=False)") from None
-    return checked
-
-
 init_lenet_params = check.validated(init_lenet_params, _check_key)
 conv2d = check.validated(conv2d, _check_conv)
 conv2d_im2col = check.validated(conv2d_im2col, _check_conv)
@@ -150,4 +137,4 @@ avg_pool2d = check.validated(avg_pool2d, _check_pool)
 lenet = check.validated(lenet, _check_lenet)
 loss_fn = check.validated(loss_fn, check_batch)
 num_correct = check.validated(num_correct, check_batch)
-evaluate_accuracy = check.validated(_counts_examples(evaluate_accuracy), _check_evaluate)
+evaluate_accuracy = check.validated(check.some_batches(evaluate_accuracy), _check_evaluate)

@@ -108,11 +108,12 @@ def _check_train(num_devices: int, batch_size: int, lr: float, num_epochs: int =
     """Refuse a batch that does not divide, a bad ``lr`` or number of epochs, and data
     LeNet cannot take (checked whole, before training: a label out of range would silently
     count for nothing)."""
-    check.divisible(batch_size, num_devices)
     check.positive(batch_size=batch_size, lr=lr, num_epochs=num_epochs)
+    check.divisible(batch_size, num_devices)
     for split in ("train", "val"):
-        X, y = getattr(data, split, (None, None))
-        if X is not None:
+        arrays = getattr(data, split, None)
+        if isinstance(arrays, tuple) and len(arrays) == 2:
+            X, y = arrays
             check.examples(X, y, (f"data.{split}[0]", f"data.{split}[1]"))
             check.images(X, 1, f"data.{split}[0]")
             check.finite_values(X, f"data.{split}[0]")

@@ -151,3 +151,86 @@ def test_a_second_train_run_into_the_same_out_is_refused_at_once(tmp_path, capsy
     err = capsys.readouterr().err.strip()
     assert status == 1 and f"--out {out} is in use by another run" in err
     assert len(err.splitlines()) == 1 and not (out / "results.json").exists()
+
+
+# ----- what used to work with a wrong, late or long message: one line, naming the value -----
+
+def _data_with(**change):
+    class Data:  # a data module holding one bad thing
+        train = (change.get("X", X), change.get("y", Y))
+    return Data()
+
+
+NAN_PIXEL = X.copy()
+NAN_PIXEL[5, 3, 4, 0] = np.nan
+
+POOR = [
+    ("train(one NaN pixel)", lambda: d2l.train(8, 64, 0.1, 1, _data_with(X=NAN_PIXEL)),
+     "data.train[0] holds NaN at (5, 3, 4, 0)"),
+    ("loss_fn(one-hot y)", lambda: d2l.loss_fn(d2l.init_lenet_params(jax.random.key(0)), X,
+                                               np.eye(10, dtype=np.float32)[Y]),
+     "y looks one-hot (shape (64, 10)): pass class indices, y.argmax(1)"),
+    ("train_batch(empty batch)", lambda: d2l.train_batch(replicated(), X[:0], Y[:0], 8, 0.1),
+     "X is an empty batch (0 examples)"),
+    ("lenet(NCHW)", lambda: d2l.lenet(d2l.init_lenet_params(jax.random.key(0)),
+                                      X.transpose(0, 3, 1, 2)),
+     "X has shape (64, 1, 28, 28), which looks NCHW; the chapter's images are NHWC (batch, "
+     "height, width, channels): X.transpose(0, 2, 3, 1)"),
+    ("replicate(duplicate devices)", lambda: d2l.replicate([np.ones(2)], [d2l.devices(1)[0]] * 2),
+     f"devices lists {d2l.devices(1)[0]} twice"),
+    ("device_mesh(duplicate devices)", lambda: d2l.device_mesh((2,), devices=[
+        d2l.devices(1)[0]] * 2), "twice"),
+    ("process_batches(10**9)", lambda: d2l.process_batches(X, Y, 10**9),
+     "batch_size=1000000000 is larger than the data (64 examples)"),
+    ("evaluate_accuracy(p, [])", lambda: d2l.evaluate_accuracy(
+        d2l.init_lenet_params(jax.random.key(0)), []), "data_iter is empty"),
+    ("evaluate_accuracy(p, iter([]))", lambda: d2l.evaluate_accuracy(
+        d2l.init_lenet_params(jax.random.key(0)), iter([])), "data_iter yielded no batches"),
+]
+
+
+@pytest.mark.parametrize("call,message", [(f, m) for _, f, m in POOR],
+                         ids=[name for name, _, _ in POOR])
+def test_poor_cases_get_one_line_naming_the_value(call, message):
+    with pytest.raises(ValueError) as e:
+        call()
+    assert message in str(e.value) and "\n" not in str(e.value), str(e.value)
+
+
+def test_numpy_numbers_are_numbers():
+    check.positive(batch_size=np.int64(64), lr=np.float32(0.1), num_epochs=np.int32(2))
+    data = d2l.FashionMNIST(np.int64(64), num_train=256)
+    assert data.batch_size == 64 and len(data.train[0]) == 256
+
+
+def test_resize_of_one_number_is_a_square():
+    assert d2l.FashionMNIST(resize=32, num_train=64, num_val=64).train[0].shape[1:] == (32, 32, 1)
+
+
+@pytest.mark.parametrize("value", ["2", "y", "enabled", "maybe"])
+def test_the_smoke_switch_refuses_what_it_does_not_know(monkeypatch, value):
+    from d2l_multi.smoke_switch import smoke
+    monkeypatch.setenv("D2L_MULTI_SMOKE", value)
+    with pytest.raises(d2l.InputError, match=rf"D2L_MULTI_SMOKE='{value}' is not a switch; set "
+                                             rf"it to one of 1, 0, true, false, yes, no, on, off"):
+        smoke()
+
+
+def test_a_data_folder_that_does_not_exist_is_refused(monkeypatch):
+    from d2l_multi import data
+    monkeypatch.setenv("D2L_MULTI_DATA", "/nonexistent")
+    data._load_cached.cache_clear()
+    with pytest.raises(FileNotFoundError, match="D2L_MULTI_DATA=/nonexistent does not exist"):
+        d2l.FashionMNIST()
+
+
+def test_a_failed_write_names_the_file(tmp_path):
+    import errno
+    from d2l_multi.commands.common import save_atomic
+
+    def full(tmp):
+        raise OSError(errno.ENOSPC, "No space left on device")
+    with pytest.raises(OSError, match=rf"cannot write {tmp_path / 'params.npz'} \(No space "
+                                      rf"left on device"):
+        save_atomic(tmp_path / "params.npz", full)
+    assert list(tmp_path.iterdir()) == []
