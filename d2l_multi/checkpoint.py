@@ -33,8 +33,7 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 from . import _checks as check
 from .errors import (AlreadyExistsError, CheckpointError, DivergedError, InputError,
                      NoAccessError, NotAFolderError, NotFoundError, PathError, TooLargeError)
-from .concise import make_train_step, shard_batch
-from .hardware import device_mesh
+from .concise import shard_batch
 
 
 def _is_spec(x):

@@ -4,7 +4,6 @@ devices (notebook 07b). The functions the notebooks show are kept as shown; thei
 names check their arguments first (``check.validated``)."""
 import functools
 import itertools
-import math
 import time
 from collections.abc import Callable, Sequence
 from typing import Any

@@ -333,7 +333,7 @@ class FashionMNIST:
             n = sum(len(raw[split][1][:k]) for split, k in zip(("train", "test"), keep))
             check.fits(n * size[0] * size[1] * 4, f"resize={resize!r}: {n:,} images of "
                        f"{size[0]} x {size[1]} float32 values", "pass a smaller resize, or "
-                       f"keep fewer examples (num_train, num_val)")
+                       "keep fewer examples (num_train, num_val)")
         self.batch_size, self.seed = batch_size, seed
         self.train = self._prepare(*raw["train"], keep[0])
         self.val = self._prepare(*raw["test"], keep[1])

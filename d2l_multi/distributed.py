@@ -28,7 +28,7 @@ from jax.typing import ArrayLike
 
 from . import _checks as check
 from .errors import InputError, NoAccessError, PathError
-from .hardware import device_mesh, set_cpu_compiler_flags, size_cpu_thread_pool
+from .hardware import set_cpu_compiler_flags, size_cpu_thread_pool
 
 
 # What the launcher (d2l_multi/launch.py) puts into every worker's environment.
@@ -96,6 +96,10 @@ def launcher_settings(environ=None):
          if env.get(COLLECTIVE_TIMEOUT_ENV) else None,
          "secret": env.get(SECRET_ENV, ""),
          "launcher_pid": _env_int(LAUNCHER_PID_ENV, 1, env)}
+    if not re.fullmatch(r"[\w.-]+:\d{1,5}|\[[0-9a-fA-F:.]+\]:\d{1,5}", s["coordinator_address"]):
+        raise InputError(f"{COORDINATOR_ENV}={s['coordinator_address']!r} is not HOST:PORT; the "
+                         f"launcher sets it (python -m d2l_multi launch ...), so do not edit it "
+                         f"by hand")
     if s["process_id"] >= s["num_processes"]:
         raise InputError(f"{PROCESS_ID_ENV}={s['process_id']} but the job has only "
                          f"{s['num_processes']} processes (ids 0..{s['num_processes'] - 1})")
@@ -170,7 +174,8 @@ def _exit_at_once(kind, value, traceback):
 
 def _check_status(status: int = 0) -> None:
     """Raise a ValueError unless ``status`` is an exit status from 0 to 255."""
-    check.integer(0, 255, status=status)
+    if not isinstance(check._number(status), int) or not 0 <= status <= 255:
+        raise InputError(f"status must be an exit status from 0 to 255, got {status!r}")
 
 
 def exit_worker(status=0):

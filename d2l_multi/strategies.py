@@ -5,8 +5,6 @@ the rules that map the logical axes of ``TransformerLM`` to a 2-D
 
 The shown functions carry no argument checks; their public names check first
 (``check.validated``), so bad input gets a message naming the fix."""
-from typing import Any
-
 import jax
 import numpy as np
 from flax import nnx

@@ -246,11 +246,11 @@ def test_process_batches_split_global_batches(monkeypatch):
 @pytest.mark.parametrize("call,message", [
     (lambda: list(d2l.process_batches(np.zeros(4), np.zeros(3), 2)),
      "X has 4 examples but y has 3 labels"),
-    (lambda: list(d2l.process_batches(np.zeros(4), np.zeros(4), 0)),
+    (lambda: list(d2l.process_batches(np.zeros(4), np.zeros(4, np.int32), 0)),
      "batch_size must be a positive integer, got 0"),
-    (lambda: list(d2l.process_batches(np.zeros(4), np.zeros(4), 2, epoch=-1)),
+    (lambda: list(d2l.process_batches(np.zeros(4), np.zeros(4, np.int32), 2, epoch=-1)),
      "epoch must be a non-negative integer, got -1"),
-    (lambda: list(d2l.process_batches(np.zeros(4), np.zeros(4), 2, seed=1.5)),
+    (lambda: list(d2l.process_batches(np.zeros(4), np.zeros(4, np.int32), 2, seed=1.5)),
      "seed must be a non-negative integer, got 1.5"),
     (lambda: global_batch("mesh", np.zeros(8)), "mesh must be a jax.sharding.Mesh"),
     (lambda: global_batch(d2l.device_mesh()), "pass the arrays to assemble"),
@@ -780,7 +780,7 @@ def test_resuming_refuses_checkpoints_of_another_run(resumed, capsys):
     ("metadata", 1, "8 is damaged: state/_METADATA is not valid JSON"),
     ("layouts", 1, "8 is damaged: state/_sharding is not valid JSON"),
     ("copy", 1, "12 holds the state of step 6, not of step 12: it was copied or renamed"),
-    ("stray", 1, "holds 100, which are not checkpoints"),
+    ("stray", 1, "holds the empty folder(s) 100, which no save wrote into"),
 ])
 def test_a_checkpoint_folder_that_cannot_be_resumed_is_one_line_naming_the_fix(
         resumed, tmp_path, capsys, damage, status, message):

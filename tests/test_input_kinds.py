@@ -9,9 +9,7 @@ many more (docs/testing.md).
 """
 import contextlib
 import gzip
-import math
 import os
-import pathlib
 import signal
 import socket
 import subprocess
@@ -27,7 +25,7 @@ import d2l_multi as d2l
 from d2l_multi import _checks as check
 from d2l_multi import commands
 from d2l_multi import data as dm
-from d2l_multi.commands import common, launch, mp_train
+from d2l_multi.commands import common, mp_train
 
 settings.register_profile("ci", max_examples=12, deadline=None, derandomize=True,
                           suppress_health_check=[HealthCheck.function_scoped_fixture,
