@@ -182,6 +182,8 @@ def run(args: argparse.Namespace) -> int:
     exit status."""
     check_out(args.out, RESULTS, RESULTS_BYTES)
     with contextlib.ExitStack() as held:
+        if args.out.is_dir():  # another run may hold it: refuse at once, before JAX starts
+            held.enter_context(only_run(args.out))
         return _run(args, held)
 
 
@@ -205,7 +207,8 @@ def _run(args, held):
         configs.append((n, args.batch_size * scale, args.lr * scale))
         check.divisible(configs[-1][1], n)
     out = args.out
-    held.enter_context(only_run(out))
+    if not out.is_dir():  # a new folder: created, and held, once the settings are checked
+        held.enter_context(only_run(out))
     smoke = " [SMOKE RUN: not results]" if smoke_switch.smoke() else ""
     cpu, stack = describe_machine(), versions()  # printed now, saved with the results
     print(f"machine: {cpu}\n{stack}")
