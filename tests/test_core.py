@@ -169,7 +169,8 @@ def test_cli_train_on_one_device_simulates_one_device(tmp_path):
     (["train", "--lr", "inf"], "--lr: must be a finite number > 0, got inf"),
     (["train", "--batch-size", "0"], "--batch-size: must be a finite number > 0"),
     (["train", "--devices", "two"], "integers or 'all'"),
-    (["train", "--out", "/dev/null/runs"], "cannot write into --out /dev/null/runs"),
+    (["train", "--out", "/dev/null/runs"], "--out /dev/null/runs: /dev/null is a file, not a "
+                                            "folder"),
     (["frobnicate"], "invalid choice: 'frobnicate'"),
 ])
 def test_cli_bad_arguments_exit_non_zero_with_one_message(args, message, tmp_path):
@@ -284,8 +285,8 @@ def test_cli_train_smoke_writes_table_and_plots(tmp_path, monkeypatch):
     # each with XLA:CPU's pool sized for its own devices (at least 2 threads per device)
     cores = len(os.sched_getaffinity(0))
     assert [r["cpu_threads"] for r in recorded["runs"]] == [max(cores, 2), max(cores, 16)]
-    assert sorted(p.name for p in tmp_path.iterdir()) == [
-        "accuracy.png", "results.json", "sec_per_epoch.png"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == [  # .lock: the run held the folder
+        ".lock", "accuracy.png", "results.json", "sec_per_epoch.png"]
     assert recorded["wall_sec"] > 0 and recorded["versions"].startswith("python 3.")
     for name in ("accuracy.png", "sec_per_epoch.png", "results.json"):
         assert (tmp_path / name).stat().st_size > 100

@@ -82,6 +82,23 @@ def test_checksum_mismatch_names_file(tiny):
     assert str(path) in str(e.value)
 
 
+def test_a_bad_magic_number_is_named_before_the_checksum(tiny):
+    path = write_gz(tiny["tmp"] / "bad" / "x.gz", b"\x00\x00\x09\x03" + bytes(20))
+    with pytest.raises(d2l.DataError, match="bad magic number"):
+        dm.read_idx_gz(path, "0" * 64)
+
+
+def test_a_file_of_another_data_set_is_named(tmp_path):
+    """MNIST's labels in the Fashion-MNIST folder: named as such, not only 'checksum
+    mismatch'."""
+    name = "train-labels-idx1-ubyte.gz"
+    sample = dm.sample_dir("mnist") / name
+    expected = dm.SAMPLE_SHA256["fashion-mnist"][name]
+    with pytest.raises(d2l.DataError, match=rf"this is mnist's {name}, not the file expected "
+                                            rf"here"):
+        dm.read_idx_gz(sample, expected)
+
+
 def test_truncated_gzip_is_refused(tiny):
     good = (tiny["source"] / FILES["train"][0]).read_bytes()
     path = tiny["tmp"] / "cut.gz"

@@ -121,7 +121,8 @@ def test_a_loader_built_differently_rejects_the_state(source):
     for pipeline in [d2l.grain_loader(source, BATCH, seed=1), d2l.grain_loader(source, BATCH // 2),
                      d2l.grain_loader(source, BATCH, shard_options=grain.sharding.ShardOptions(
                          1, 2, True)),
-                     d2l.grain_loader(d2l.ArraySource(np.arange(N + 1), np.zeros(N + 1)), BATCH)]:
+                     d2l.grain_loader(d2l.ArraySource(np.arange(N + 1), np.zeros(N + 1, np.int32)),
+                                      BATCH)]:
         other = iter(pipeline)
         with pytest.raises(ValueError, match=r"saved by the pipeline ArraySource\(X=int64\[48\]"
                                              r".*seed=0, shard 0 of 1, batch_size=8, not by "
@@ -138,10 +139,10 @@ def test_uneven_shards_drop_the_remainder(source):
 
 
 @pytest.mark.parametrize("kwargs,message", [
-    (dict(seed=-1), "seed must be an integer from 0 to 2**32 - 1, got -1"),
-    (dict(seed=1.5), "seed must be an integer from 0 to 2**32 - 1, got 1.5"),
-    (dict(num_epochs=0), "num_epochs must be a positive integer, got 0"),
-    (dict(num_epochs=True), "num_epochs must be a positive integer, got True"),
+    (dict(seed=-1), "seed must be an integer from 0 to 4294967295, got -1"),
+    (dict(seed=1.5), "seed must be an integer from 0 to 4294967295, got 1.5"),
+    (dict(num_epochs=0), "num_epochs must be a positive integer or None, got 0"),
+    (dict(num_epochs=True), "num_epochs must be a positive integer or None, got True"),
 ])
 def test_bad_seeds_and_epochs(source, kwargs, message):
     with pytest.raises(ValueError) as e:

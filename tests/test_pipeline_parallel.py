@@ -224,7 +224,7 @@ def test_batch_that_does_not_split_into_micro_batches(placed):
      r"hold \[6\] blocks, which do not split into 4 stages"),
     (lambda s, X, Y, mesh, t: (jax.tree.map(np.asarray, s), X, Y, mesh, t),
      r"place them with jax.device_put\(params, NamedSharding\(mesh, P\('stage'\)\)\)"),
-    (lambda s, X, Y, mesh, t: (s, X, Y[:8], mesh, t), "X has 16 examples but y has 8 labels"),
+    (lambda s, X, Y, mesh, t: (s, X, Y[:8], mesh, t), "X has 16 examples but Y has 8 labels"),
     (lambda s, X, Y, mesh, t: (s, X, Y, mesh, [list(row) for row in t]),
      "table must be a non-empty tuple of time slots"),
     (lambda s, X, Y, mesh, t: (s, X, Y, mesh, t[:-1] + ((None, None, None, None),) + t[-1:]),
