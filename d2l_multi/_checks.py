@@ -37,8 +37,14 @@ from typing import Any, ParamSpec, TypeVar, overload
 
 import numpy as np
 
-from .errors import DivergedError, InputError, NotAFolderError, NotFoundError, PathError
-from .errors import TooLargeError
+from .errors import (
+    DivergedError,
+    InputError,
+    NotAFolderError,
+    NotFoundError,
+    PathError,
+    TooLargeError,
+)
 
 P = ParamSpec("P")
 R = TypeVar("R")

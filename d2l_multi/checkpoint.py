@@ -20,7 +20,8 @@ import sys
 import threading
 import traceback
 import weakref
-from typing import Any, Callable, Iterator
+from collections.abc import Callable, Iterator
+from typing import Any
 
 import grain
 import jax
@@ -28,12 +29,22 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 import orbax.checkpoint as ocp
-from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+from jax.sharding import Mesh, NamedSharding
+from jax.sharding import PartitionSpec as P
 
 from . import _checks as check
-from .errors import (AlreadyExistsError, CheckpointError, DivergedError, InputError,
-                     NoAccessError, NotAFolderError, NotFoundError, PathError, TooLargeError)
 from .concise import shard_batch
+from .errors import (
+    AlreadyExistsError,
+    CheckpointError,
+    DivergedError,
+    InputError,
+    NoAccessError,
+    NotAFolderError,
+    NotFoundError,
+    PathError,
+    TooLargeError,
+)
 
 
 def _is_spec(x):

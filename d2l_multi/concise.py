@@ -14,12 +14,13 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 from jax import lax
-from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+from jax.sharding import Mesh, NamedSharding
+from jax.sharding import PartitionSpec as P
 from jax.typing import ArrayLike
 
 from . import _checks as check
-from .errors import InputError
 from ._earlier import concise as d2l
+from .errors import InputError
 from .hlo import COLLECTIVES
 
 

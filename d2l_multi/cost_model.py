@@ -12,7 +12,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from jax import lax
-from jax.sharding import AxisType, NamedSharding, PartitionSpec as P
+from jax.sharding import AxisType, NamedSharding
+from jax.sharding import PartitionSpec as P
 from jax.typing import ArrayLike
 
 from . import _checks as check
@@ -20,7 +21,6 @@ from ._earlier import cost_model as d2l
 from .errors import InputError
 from .smoke_switch import shrink
 from .utils import time_call
-
 
 COLLECTIVE_NAMES = ("psum", "all_gather", "psum_scatter", "ppermute")
 

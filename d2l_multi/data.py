@@ -35,10 +35,10 @@ DATASETS = {
         "debian": "/usr/share/datasets/fashion-mnist",
         "sizes": {"train": 60_000, "test": 10_000},
         "sha256": {  # of the decompressed IDX content
-            "train-images-idx3-ubyte.gz": "c59f468a2f672dc815687fe0f83887768d799fd8a3f3276145d20f83aa44d888",
-            "train-labels-idx1-ubyte.gz": "bad3541b69d912435c50bb6ba87bec294ff4f6a2e1246121d8633921760443d9",
-            "t10k-images-idx3-ubyte.gz": "5b4141f0afbad91edebe8549f8fcffe087ea10ca49f1dbef5c9a5cd8815ce37b",
-            "t10k-labels-idx1-ubyte.gz": "0402a96d92fd2663957122ceb108a494c5af83dab82d92729df917d7dec38c34",
+            "train-images-idx3-ubyte.gz": "c59f468a2f672dc815687fe0f83887768d799fd8a3f3276145d20f83aa44d888",  # noqa: E501
+            "train-labels-idx1-ubyte.gz": "bad3541b69d912435c50bb6ba87bec294ff4f6a2e1246121d8633921760443d9",  # noqa: E501
+            "t10k-images-idx3-ubyte.gz": "5b4141f0afbad91edebe8549f8fcffe087ea10ca49f1dbef5c9a5cd8815ce37b",  # noqa: E501
+            "t10k-labels-idx1-ubyte.gz": "0402a96d92fd2663957122ceb108a494c5af83dab82d92729df917d7dec38c34",  # noqa: E501
         },
     },
     "mnist": {
@@ -47,10 +47,10 @@ DATASETS = {
         "debian": None,
         "sizes": {"train": 60_000, "test": 10_000},
         "sha256": {
-            "train-images-idx3-ubyte.gz": "ba891046e6505d7aadcbbe25680a0738ad16aec93bde7f9b65e87a2fc25776db",
-            "train-labels-idx1-ubyte.gz": "65a50cbbf4e906d70832878ad85ccda5333a97f0f4c3dd2ef09a8a9eef7101c5",
-            "t10k-images-idx3-ubyte.gz": "0fa7898d509279e482958e8ce81c8e77db3f2f8254e26661ceb7762c4d494ce7",
-            "t10k-labels-idx1-ubyte.gz": "ff7bcfd416de33731a308c3f266cc351222c34898ecbeaf847f06e48f7ec33f2",
+            "train-images-idx3-ubyte.gz": "ba891046e6505d7aadcbbe25680a0738ad16aec93bde7f9b65e87a2fc25776db",  # noqa: E501
+            "train-labels-idx1-ubyte.gz": "65a50cbbf4e906d70832878ad85ccda5333a97f0f4c3dd2ef09a8a9eef7101c5",  # noqa: E501
+            "t10k-images-idx3-ubyte.gz": "0fa7898d509279e482958e8ce81c8e77db3f2f8254e26661ceb7762c4d494ce7",  # noqa: E501
+            "t10k-labels-idx1-ubyte.gz": "ff7bcfd416de33731a308c3f266cc351222c34898ecbeaf847f06e48f7ec33f2",  # noqa: E501
         },
     },
 }
@@ -59,16 +59,16 @@ DATASETS = {
 SAMPLE_SIZES = {"train": 2048, "test": 512}  # the first examples of each split
 SAMPLE_SHA256 = {  # of the decompressed sample files (tools/make_sample_data.py)
     "fashion-mnist": {
-        "train-images-idx3-ubyte.gz": "2638b79e52ead7bacad88c1a913b089757871a8eec13fd966dfedf9c2d881aaf",
-        "train-labels-idx1-ubyte.gz": "77c8ce66aefe27d97ef7cc1eaa60291ed962a405a8f717dd95487b98aa903e57",
-        "t10k-images-idx3-ubyte.gz": "d2223cd325784a5e01e09112cd7f626cfc3c78e2f26b81e1c3ac5152ced7be9f",
-        "t10k-labels-idx1-ubyte.gz": "673e491a4e3bc9ee3e19141f2f57173a1a1707a7d15ffac6adbbe7f985e2264e",
+        "train-images-idx3-ubyte.gz": "2638b79e52ead7bacad88c1a913b089757871a8eec13fd966dfedf9c2d881aaf",  # noqa: E501
+        "train-labels-idx1-ubyte.gz": "77c8ce66aefe27d97ef7cc1eaa60291ed962a405a8f717dd95487b98aa903e57",  # noqa: E501
+        "t10k-images-idx3-ubyte.gz": "d2223cd325784a5e01e09112cd7f626cfc3c78e2f26b81e1c3ac5152ced7be9f",  # noqa: E501
+        "t10k-labels-idx1-ubyte.gz": "673e491a4e3bc9ee3e19141f2f57173a1a1707a7d15ffac6adbbe7f985e2264e",  # noqa: E501
     },
     "mnist": {
-        "train-images-idx3-ubyte.gz": "a66944ab7c77489e7a3a6cc1fe66bc3084e11a11141237ed7537a3f1b2072f98",
-        "train-labels-idx1-ubyte.gz": "fdb8efb936f647a73024ce5e7c29b44e2048ff885293a84dfba7d09393708037",
-        "t10k-images-idx3-ubyte.gz": "9d573bf61bb651469c2e01ffc42d32220e2eed3c8991e7148223c2a05698ae86",
-        "t10k-labels-idx1-ubyte.gz": "2e5d96fa21a97a70e391239479319e3587978aa81a855c2a879c31d76768bcec",
+        "train-images-idx3-ubyte.gz": "a66944ab7c77489e7a3a6cc1fe66bc3084e11a11141237ed7537a3f1b2072f98",  # noqa: E501
+        "train-labels-idx1-ubyte.gz": "fdb8efb936f647a73024ce5e7c29b44e2048ff885293a84dfba7d09393708037",  # noqa: E501
+        "t10k-images-idx3-ubyte.gz": "9d573bf61bb651469c2e01ffc42d32220e2eed3c8991e7148223c2a05698ae86",  # noqa: E501
+        "t10k-labels-idx1-ubyte.gz": "2e5d96fa21a97a70e391239479319e3587978aa81a855c2a879c31d76768bcec",  # noqa: E501
     },
 }
 

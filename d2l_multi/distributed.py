@@ -23,13 +23,13 @@ import sys
 
 import jax
 import numpy as np
-from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+from jax.sharding import Mesh, NamedSharding
+from jax.sharding import PartitionSpec as P
 from jax.typing import ArrayLike
 
 from . import _checks as check
 from .errors import InputError, NoAccessError, PathError
 from .hardware import set_cpu_compiler_flags, size_cpu_thread_pool
-
 
 # What the launcher (d2l_multi/launch.py) puts into every worker's environment.
 COORDINATOR_ENV = "D2L_MULTI_COORDINATOR_ADDRESS"

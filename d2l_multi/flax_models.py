@@ -22,14 +22,14 @@ import optax
 from flax import nnx
 from flax.training import train_state
 from jax import lax
-from jax.sharding import AxisType, Mesh, NamedSharding, PartitionSpec as P
+from jax.sharding import AxisType, Mesh, NamedSharding
+from jax.sharding import PartitionSpec as P
 from jax.typing import ArrayLike
 
 from . import _checks as check
 from ._earlier import flax_models as d2l
 from .errors import InputError
 from .hardware import devices
-
 
 # ----- Modern: Flax NNX, nnx.jit and shardings -----
 
@@ -276,7 +276,7 @@ def _classes(model, images):
         shape = jax.ShapeDtypeStruct((1, *jnp.shape(images)[1:]), jnp.float32)
         try:
             _IO[model] = nnx.eval_shape(lambda m, x: m(x), model, shape).shape[-1]
-        except Exception:  # noqa: BLE001 - the step itself raises it, in its own words
+        except Exception:
             return None
     return _IO[model]
 

@@ -13,10 +13,9 @@ import jax.ad_checkpoint
 import jax.numpy as jnp
 from flax import nnx
 
-from .transformer import TransformerLM, lm_loss
-
 from . import _checks as check
 from .errors import InputError
+from .transformer import TransformerLM, lm_loss
 
 OPTIMIZER_STATE_COPIES = {"sgd": 0, "momentum": 1, "adam": 2}  # per parameter
 

@@ -19,8 +19,8 @@ from jax.typing import ArrayLike, DTypeLike
 
 from . import _checks as check
 from ._earlier import mixed_precision as d2l
-from .errors import InputError
 from .concise import shard, shard_batch
+from .errors import InputError
 from .models import Params, check_batch, num_correct
 from .utils import Accumulator
 

@@ -9,9 +9,9 @@ from jax import lax
 from jax.typing import ArrayLike
 
 from . import _checks as check
+from ._earlier import parallel as d2l
 from .errors import DivergedError
 from .models import Params, check_batch, lenet_io
-from ._earlier import parallel as d2l
 
 
 def split_batch(X, y, num_devices):

@@ -86,6 +86,7 @@ class Animator:
         if not in_notebook():
             return
         import io
+
         from IPython import display
         buf = io.BytesIO()
         self.fig.savefig(buf, format="png", bbox_inches="tight", dpi=100)

@@ -11,7 +11,6 @@ from ._earlier import schedule as d2l
 from .errors import InputError
 from .hlo import COLLECTIVES
 
-
 INSTRUCTION = re.compile(r"\s*(?:ROOT\s+)?%?([\w.-]+) = .*? ([a-z][\w-]*)\(")
 PLUMBING = {"parameter", "constant", "get-tuple-element", "tuple", "bitcast",
             "copy", "partition-id", "replica-id", "after-all"}  # no arithmetic

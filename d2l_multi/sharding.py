@@ -8,7 +8,8 @@ from typing import Any
 
 import jax
 from flax import nnx
-from jax.sharding import Mesh, PartitionSpec as P
+from jax.sharding import Mesh
+from jax.sharding import PartitionSpec as P
 
 from . import _checks as check
 from .errors import InputError

@@ -9,7 +9,8 @@ from collections.abc import Callable
 
 import jax
 from flax.training.train_state import TrainState
-from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+from jax.sharding import Mesh, NamedSharding
+from jax.sharding import PartitionSpec as P
 from jax.typing import ArrayLike
 
 from . import _checks as check

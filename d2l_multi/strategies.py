@@ -8,7 +8,8 @@ The shown functions carry no argument checks; their public names check first
 import jax
 import numpy as np
 from flax import nnx
-from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+from jax.sharding import Mesh, NamedSharding
+from jax.sharding import PartitionSpec as P
 from jax.typing import ArrayLike
 
 from . import _checks as check
@@ -16,7 +17,6 @@ from ._earlier import strategies as d2l
 from .errors import InputError
 from .sharding import Rules, _check_layout, _check_mesh_rules
 from .transformer import _check_tokens_batch
-
 
 LOGICAL_AXES = ("batch", "embed", "heads", "mlp", "vocab")  # TransformerLM's
 

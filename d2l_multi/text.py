@@ -8,7 +8,6 @@ from . import _checks as check
 from .errors import InputError
 from .smoke_switch import shrink
 
-
 TINY_TEXT = (  # Lewis Carroll, Alice's Adventures in Wonderland (1865), public domain
     "Alice was beginning to get very tired of sitting by her sister on the bank, and of "
     "having nothing to do: once or twice she had peeped into the book her sister was reading, "

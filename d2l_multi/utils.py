@@ -81,6 +81,7 @@ def time_call(f: Callable[..., Any], *args: Any, repeat: int = 5, warmup: int = 
     (``jax.block_until_ready``), after ``warmup`` untimed calls (compilation). With the smoke
     switch on, at most 2 calls are timed."""
     import jax
+
     from .smoke_switch import shrink
     if not callable(f):
         raise InputError(f"f must be the function to time, got {f!r}")

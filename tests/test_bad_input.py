@@ -141,6 +141,7 @@ except MemoryError as e:
 
 def test_a_second_train_run_into_the_same_out_is_refused_at_once(tmp_path, capsys):
     import fcntl
+
     from d2l_multi import commands
     out = tmp_path / "tw"
     out.mkdir()
@@ -226,6 +227,7 @@ def test_a_data_folder_that_does_not_exist_is_refused(monkeypatch):
 
 def test_a_failed_write_names_the_file(tmp_path):
     import errno
+
     from d2l_multi.commands.common import save_atomic
 
     def full(tmp):

@@ -23,7 +23,8 @@ import numpy as np
 import optax
 import orbax.checkpoint as ocp
 import pytest
-from jax.sharding import NamedSharding, PartitionSpec as P
+from jax.sharding import NamedSharding
+from jax.sharding import PartitionSpec as P
 
 import d2l_multi as d2l
 from d2l_multi import _checks as check
@@ -719,7 +720,7 @@ def _bad(call, error, message):
     return pytest.param(call, error, message, id=message[:40])
 
 
-MESH = lambda: d2l.device_mesh((4, 2))  # noqa: E731
+MESH = lambda: d2l.device_mesh((4, 2))
 W = {"w": jax.ShapeDtypeStruct((8, 4), jnp.float32)}
 
 

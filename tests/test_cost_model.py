@@ -41,7 +41,8 @@ def test_time_collective_returns_positive_samples():
     (lambda: d2l.collective_loop("psum", 1, 4096), "on num_devices >= 2, got .psum., 1"),
     (lambda: d2l.collective_loop("psum", 8, 1000), "use a multiple of 32, e.g. 992 or 1024"),
     (lambda: d2l.collective_loop("psum", 2, -8), "num_bytes must be a positive integer"),
-    (lambda: d2l.time_collective("psum", 2, 4096, repeat=0), "repeat must be a finite positive number"),
+    (lambda: d2l.time_collective("psum", 2, 4096, repeat=0),
+     "repeat must be a finite positive number"),
     (lambda: d2l.bus_bandwidth("psum", 2, 4096, 0.0), "seconds must be a finite positive"),
     (lambda: d2l.bus_bandwidth("gather", 2, 4096, 1.0), "unknown collective .gather."),
 ])

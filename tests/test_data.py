@@ -6,9 +6,9 @@ import numpy as np
 import pytest
 
 import d2l_multi as d2l
+from d2l_multi import data as dm
 from d2l_multi.data import MNIST
 from d2l_multi.smoke_switch import SMOKE_ENV
-from d2l_multi import data as dm
 
 FILES = {"train": ("train-images-idx3-ubyte.gz", "train-labels-idx1-ubyte.gz"),
          "test": ("t10k-images-idx3-ubyte.gz", "t10k-labels-idx1-ubyte.gz")}
@@ -264,7 +264,7 @@ def test_real_fashion_mnist(monkeypatch):
     (X, y), (Xt, yt) = data.train, data.val
     assert X.shape == (60000, 28, 28, 1) and Xt.shape == (10000, 28, 28, 1)
     assert X.dtype == np.float32 and y.dtype == np.int32
-    assert 0.0 == X.min() and X.max() == 1.0
+    assert X.min() == 0.0 and X.max() == 1.0
     assert (np.bincount(y) == 6000).all() and (np.bincount(yt) == 1000).all()
     Xb, yb = next(iter(data.get_dataloader(train=True)))
     assert Xb.shape == (256, 28, 28, 1) and yb.shape == (256,)

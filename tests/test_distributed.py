@@ -25,13 +25,18 @@ import time
 import jax
 import numpy as np
 import pytest
+from trees import assert_trees_close
 
 import d2l_multi as d2l
 from d2l_multi import _checks as check
-from d2l_multi.distributed import assert_device_counts, detect_cluster, global_batch, launcher_settings
 from d2l_multi import commands
 from d2l_multi.commands import launch, mp_train
-from trees import assert_trees_close
+from d2l_multi.distributed import (
+    assert_device_counts,
+    detect_cluster,
+    global_batch,
+    launcher_settings,
+)
 
 PY = sys.executable
 
@@ -79,7 +84,7 @@ class Job:
         except subprocess.TimeoutExpired:
             self.proc.kill()
             raise AssertionError(f"the launcher did not exit within {timeout} s:\n"
-                                 + self.output)
+                                 + self.output) from None
         while (line := self._queue.get(timeout=5)) is not None:
             self.lines.append(line)
         return code
@@ -162,8 +167,9 @@ def test_detect_cluster():
 
 def test_a_cloud_tpu_vm_is_told_by_libtpu_and_its_device_files(tmp_path, monkeypatch):
     """No private JAX module: libtpu installed and /dev/accel* or /dev/vfio/N present."""
-    from d2l_multi import distributed
     import importlib.util
+
+    from d2l_multi import distributed
     find_spec = importlib.util.find_spec
     monkeypatch.setattr(importlib.util, "find_spec",
                         lambda name, *a: object() if name == "libtpu" else find_spec(name, *a))
@@ -537,7 +543,8 @@ def test_a_program_this_launch_did_not_start_cannot_join():
         [PY, "-c", INTRUDED], env=dict(os.environ, **launch.job_env(1, 2, 1, port)),
         capture_output=True, text=True, timeout=120)
     assert job.finish(timeout=60) == 1, job.output
-    assert "[p0] d2l_multi.errors.NoAccessError: process 1 did not show this launch's secret: a program " \
+    assert "[p0] d2l_multi.errors.NoAccessError: process 1 did not show this launch's secret: " \
+           "a program " \
            "that this launch did not start joined the job as process 1" in job.output
     assert "FAILED: worker p0 died first (exit code 1)" in job.output
     assert "] sum" not in job.output and "sum" not in intruder.stdout

@@ -6,10 +6,10 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from flax import nnx
+from recording import RecordingData
 
 import d2l_multi as d2l
 from d2l_multi.flax_models import cnn_from_linen
-from recording import RecordingData
 
 TINY_ARCH = ((1, 4), (1, 8))  # a two-stage ResNet: fast to compile
 

@@ -2,7 +2,8 @@
 
 The landing page and configuration live in ``book/``, the pages are ``chapters/*.ipynb`` in
 file-name order: those of the checkout the package runs from, or of the folder ``--chapters``
-names (with ``book/`` beside it). By default every notebook is executed through jupyter-cache, so a rebuild
+names (with ``book/`` beside it). By default every notebook is executed through jupyter-cache,
+so a rebuild
 re-runs only notebooks whose code changed (changes to ``d2l_multi`` itself are not noticed:
 pass ``--rerun`` after them). The notebooks' kernels share JAX's persistent compilation cache
 (``_build/jax_cache``; ``--rerun`` empties it too), so a program several notebooks compile alike

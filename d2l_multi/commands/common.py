@@ -30,7 +30,7 @@ def positive(kind):
             value = kind(text)
         except ValueError:
             what = "a whole number" if kind is int else "a number"
-            raise argparse.ArgumentTypeError(f"expected {what}, got {text!r}")
+            raise argparse.ArgumentTypeError(f"expected {what}, got {text!r}") from None
         if not math.isfinite(value) or value <= 0:
             raise argparse.ArgumentTypeError(f"must be a finite number > 0, got {text}")
         return value

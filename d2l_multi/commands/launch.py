@@ -29,9 +29,16 @@ import sys
 import threading
 import time
 
-from ..distributed import (COLLECTIVE_TIMEOUT_ENV, COORDINATOR_ENV, DEVICES_PER_PROCESS_ENV,
-                           HEARTBEAT_TIMEOUT_ENV, LAUNCHER_PID_ENV, NUM_PROCESSES_ENV,
-                           PROCESS_ID_ENV, SECRET_ENV)
+from ..distributed import (
+    COLLECTIVE_TIMEOUT_ENV,
+    COORDINATOR_ENV,
+    DEVICES_PER_PROCESS_ENV,
+    HEARTBEAT_TIMEOUT_ENV,
+    LAUNCHER_PID_ENV,
+    NUM_PROCESSES_ENV,
+    PROCESS_ID_ENV,
+    SECRET_ENV,
+)
 from ..errors import InputError
 
 HOST = "127.0.0.1"        # workers talk over loopback only; a multi-host job uses its cluster

@@ -32,15 +32,17 @@ import signal
 import jax
 import jax.numpy as jnp
 import numpy as np
-from jax.sharding import NamedSharding, PartitionSpec as P
+from jax.sharding import NamedSharding
+from jax.sharding import PartitionSpec as P
 
 import d2l_multi as d2l
+
 from .. import _checks as check
+from .. import smoke_switch
 from ..checkpoint import wait_for_saves
 from ..distributed import global_batch, launcher_settings
-from .. import smoke_switch
-from .common import OneLineParser, check_out, only_run, positive, save_atomic, writable_dir
 from ..errors import DataError, DivergedError, InputError, PathError
+from .common import OneLineParser, check_out, only_run, positive, save_atomic, writable_dir
 
 PROG = "python -m d2l_multi.mp_train"
 TRAIN_SIZE, TEST_SIZE = 60_000, 10_000  # Fashion-MNIST's training and test examples
@@ -90,7 +92,8 @@ class Plan:
         self.num_train = _examples("--num-train", asked, TRAIN_SIZE,
                                    d2l.FashionMNIST.smoke_sizes[0])
         self.num_val = _examples("--num-val",
-                                 smoke_switch.pick(None, 512) if args.num_val is None else args.num_val,
+                                 smoke_switch.pick(None, 512) if args.num_val is None
+                                 else args.num_val,
                                  TEST_SIZE, d2l.FashionMNIST.smoke_sizes[1])
         if self.num_train < args.batch_size:
             shrunk = asked is None or asked > self.num_train

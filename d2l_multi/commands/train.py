@@ -9,10 +9,10 @@ import sys
 import tempfile
 import time
 
-from ..errors import Error, InputError
 from .. import _checks as check
-from ..hardware import cpu_threads, describe_machine
 from .. import smoke_switch
+from ..errors import Error, InputError
+from ..hardware import cpu_threads, describe_machine
 from .common import check_out, only_run, positive, save_atomic
 
 HELP = "LeNet data parallel on 1 and N devices: a table and two plots (the default command)"
@@ -34,7 +34,8 @@ def _device_counts(text):
         try:
             n = int(part)
         except ValueError:
-            raise argparse.ArgumentTypeError(f"device counts are integers or 'all', got {part!r}")
+            raise argparse.ArgumentTypeError(
+                f"device counts are integers or 'all', got {part!r}") from None
         if n < 1:
             raise argparse.ArgumentTypeError(f"device counts must be positive, got {n}")
         counts.append(n)
@@ -190,6 +191,7 @@ def run(args: argparse.Namespace) -> int:
 def _run(args, held):
     started = time.perf_counter()
     import d2l_multi as d2l
+
     from .book import versions
     pinned, environ = args.cpu_devices is not None, dict(os.environ)
     if not pinned:  # the largest count asked for, at most 8
