@@ -52,7 +52,6 @@ def _is_spec(x):
 
 
 def _check_specs(tree, specs):
-    """Raise a ValueError unless ``specs`` holds one PartitionSpec per array of ``tree``."""
     spec_leaves = jax.tree.leaves(specs, is_leaf=_is_spec)
     if any(s is None or not isinstance(s, P) for s in spec_leaves):
         bad = next(s for s in spec_leaves if not isinstance(s, P))
@@ -67,8 +66,6 @@ def _check_specs(tree, specs):
 
 
 def _check_layouts(tree, specs, mesh):
-    """Raise a ValueError unless ``mesh`` is a Mesh and ``specs`` holds one PartitionSpec per
-    array of ``tree`` that names axes of ``mesh`` and splits its array evenly."""
     check.mesh(mesh)
     _check_specs(tree, specs)
     for x, spec in zip(jax.tree.leaves(tree), jax.tree.leaves(specs, is_leaf=_is_spec)):
@@ -81,7 +78,6 @@ def lenet_specs(axis="model"):
 
 
 def _check_lenet_specs(axis: str = "model") -> None:
-    """Raise a ValueError unless ``axis`` names a mesh axis."""
     if not isinstance(axis, str) or not axis:
         raise InputError(f"axis must be the name of a mesh axis, e.g. 'model', got {axis!r}")
 
@@ -97,7 +93,6 @@ def state_specs(optimizer, params, specs):
 
 
 def _check_state_specs(optimizer: optax.GradientTransformation, params: Any, specs: Any) -> None:
-    """Raise a ValueError unless ``optimizer`` is optax's and ``specs`` fit ``params``."""
     check.optimizer(optimizer)
     _check_specs(params, specs)
 
@@ -114,7 +109,6 @@ def sharded_train_state(params, optimizer, mesh, specs):
 
 def _check_train_state(params: Any, optimizer: optax.GradientTransformation, mesh: Mesh,
                        specs: Any) -> None:
-    """Raise a ValueError unless ``specs`` lay ``params`` out on ``mesh``."""
     _check_layouts(params, specs, mesh)
 
 
@@ -125,7 +119,6 @@ def abstract_like(tree, mesh, specs):
 
 
 def _check_abstract_like(tree: Any, mesh: Mesh, specs: Any) -> None:
-    """Raise a ValueError unless ``specs`` lay ``tree`` out on ``mesh``."""
     _check_layouts(tree, specs, mesh)
 
 
@@ -399,7 +392,6 @@ def save_checkpoint(manager: ocp.CheckpointManager, step: int, state: Any,
 
 
 def _check_room(directory, step, state):
-    """Raise OSError unless the disk holding ``directory`` has room for ``state``'s arrays."""
     need = sum(int(np.prod(np.shape(x))) * np.dtype(x.dtype).itemsize
                for x in jax.tree.leaves(state))
     free = shutil.disk_usage(_nearest_existing(pathlib.Path(directory))).free
@@ -433,8 +425,6 @@ def _by_path(tree):
 
 
 def _check_fits(saved, target, where):
-    """Raise a ValueError naming the arrays whose paths, shapes or dtypes differ between the
-    saved arrays (Orbax's metadata) and the restore target."""
     saved, target = _by_path(saved), _by_path(target)
     common = sorted(saved.keys() & target.keys())
     shapes = [f"{k}: saved {tuple(saved[k].shape)}, the model has {tuple(target[k].shape)}"
@@ -482,7 +472,6 @@ def _target(target):
 
 
 def _check_readable(path, recursive=True):
-    """Raise PermissionError naming the first file or folder under ``path`` we cannot read."""
     paths = [str(path)]
     if recursive:
         for root, dirs, files in os.walk(path):

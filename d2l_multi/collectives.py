@@ -22,7 +22,6 @@ def allreduce(data):
 
 
 def _check_allreduce(data: Sequence[jax.Array]) -> None:
-    """Raise a ValueError unless ``data`` holds at least one array."""
     if not len(data):
         raise InputError("allreduce needs a list with one array per device, got []")
 
@@ -35,8 +34,6 @@ def replicate(params, devices):
 
 
 def _check_replicate(params: Any, devices: Sequence[jax.Device]) -> None:
-    """Raise a ValueError unless ``params`` holds arrays and ``devices`` lists at least one
-    device, each once."""
     check.tree(params)
     if devices is not None and not len(devices):
         raise InputError("replicate needs at least one device, got none; pass d2l.devices(n)")
@@ -44,7 +41,6 @@ def _check_replicate(params: Any, devices: Sequence[jax.Device]) -> None:
 
 
 def _check_unreplicate(params: Any) -> None:
-    """Raise a ValueError unless every array of ``params`` is stacked over devices."""
     check.tree(params)
     for x in jax.tree.leaves(params):
         if not isinstance(x, jax.Array) or not jnp.ndim(x):

@@ -65,7 +65,6 @@ Loss = Callable[[Any, Any, Any], jax.Array]  # loss(params, X, y) -> a scalar
 
 
 def _check_train_step(optimizer: optax.GradientTransformation, loss: Loss | None = None) -> None:
-    """Raise a TypeError unless ``optimizer`` is an optax optimizer."""
     check.optimizer(optimizer)
 
 
@@ -85,7 +84,6 @@ def make_shard_map_step(mesh, optimizer, loss=None, axis_name="data"):
 
 def _check_shard_map_step(mesh: Mesh, optimizer: optax.GradientTransformation,
                           loss: Loss | None = None, axis_name: str = "data") -> None:
-    """Raise unless ``optimizer`` is optax's and ``mesh`` has ``axis_name``."""
     check.optimizer(optimizer)
     check.spec(P(axis_name), mesh)
 
@@ -100,7 +98,6 @@ def count_collectives(hlo_text):
 
 
 def _check_hlo_text(hlo_text: str) -> None:
-    """Raise a TypeError unless ``hlo_text`` is HLO text (a string), not a compiled program."""
     if not isinstance(hlo_text, str):
         raise InputError(f"count_collectives reads HLO text, not a {type(hlo_text).__name__}; "
                          f"pass f.lower(*args).compile().as_text()")

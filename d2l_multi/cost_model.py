@@ -20,7 +20,6 @@ from . import _checks as check
 from ._earlier import cost_model as d2l
 from .errors import InputError
 from .smoke_switch import shrink
-from .utils import time_call
 
 COLLECTIVE_NAMES = ("psum", "all_gather", "psum_scatter", "ppermute")
 
@@ -28,7 +27,6 @@ COLLECTIVE_NAMES = ("psum", "all_gather", "psum_scatter", "ppermute")
 # --- notebook 07a: timing collectives, bandwidths, the alpha-beta model ----------------------
 
 def _check_collective_inputs(collective: str, num_devices: int, num_bytes: int) -> None:
-    """Raise a ValueError unless ``collective`` is known, k >= 2 and 4k divides num_bytes."""
     k = num_devices
     if collective not in COLLECTIVE_NAMES or not isinstance(check._number(k), int) or k < 2:
         raise InputError(f"use one of {list(COLLECTIVE_NAMES)} on num_devices >= 2, got "
@@ -62,7 +60,6 @@ collective_loop = check.validated(collective_loop, _check_collective_inputs)
 
 def _check_time_collective(collective: str, num_devices: int, num_bytes: int,
                            repeat: int = 5) -> None:
-    """Raise a ValueError unless ``repeat`` is a positive number (the rest: collective_loop)."""
     check.positive(repeat=repeat)
     _check_collective_inputs(collective, num_devices, num_bytes)
 
@@ -79,7 +76,6 @@ time_collective = check.validated(time_collective, _check_time_collective)
 
 def _check_bus_bandwidth(collective: str, num_devices: int, num_bytes: float,
                          seconds: float) -> None:
-    """Raise a ValueError unless the collective is known and k and the time are > 0."""
     if collective not in COLLECTIVE_NAMES:
         raise InputError(f"unknown collective {collective!r}; use one of "
                          f"{list(COLLECTIVE_NAMES)}")
@@ -115,7 +111,6 @@ def measure_collectives(collectives: Sequence[str], device_counts: Sequence[int]
 
 
 def _check_alpha_beta_inputs(num_bytes: ArrayLike, seconds: ArrayLike) -> None:
-    """Raise a ValueError unless each size has a time, all finite and > 0, and two sizes differ."""
     n, t = np.asarray(num_bytes, float), np.asarray(seconds, float)
     if n.ndim != 1 or n.shape != t.shape or len(np.unique(n)) < 2 or not np.all(
             np.isfinite(n * t) & (n > 0) & (t > 0)):
@@ -139,7 +134,6 @@ fit_alpha_beta = check.validated(fit_alpha_beta, _check_alpha_beta_inputs)
 
 
 def _check_ring_per_hop(alpha: float, beta: float, num_devices: int) -> None:
-    """Raise a ValueError unless alpha, beta >= 0 and the ring has k >= 2 devices."""
     check.nonnegative(alpha=alpha, beta=beta)
     if not isinstance(check._number(num_devices), int) or num_devices < 2:
         raise InputError(f"a ring needs num_devices >= 2, got {num_devices!r}")
@@ -157,7 +151,6 @@ ring_per_hop = check.validated(ring_per_hop, _check_ring_per_hop)
 # --- notebook 07b: the compute of a step, predicting the step --------------------------------
 
 def _check_cost_analysis(cost):
-    """Raise a ValueError if the backend's ``cost_analysis()`` gave no FLOP count."""
     if not cost or "flops" not in cost:
         raise InputError(f"the {jax.default_backend()} backend reports no cost analysis for "
                          f"this program; count its FLOPs by hand")
@@ -191,20 +184,6 @@ def _check_step_cost(step: Callable[..., Any], *args: Any) -> None:
 step_cost = check.validated(_counted(step_cost), _check_step_cost)
 
 
-def measure_compute(step: Callable[..., Any], make_args: Callable[[int], tuple[Any, ...]],
-                    batch_sizes: Sequence[int], repeat: int = 5) -> list[dict[str, Any]]:
-    """For each batch size b, compile ``step(*make_args(b))``, time it on one device
-    (``d2l.time_call``) and count its cost: one row per size. Smoke switch: the 2 smallest."""
-    rows = []
-    for b in sorted(batch_sizes)[:shrink(len(batch_sizes), 2)]:
-        check.positive(batch_size=b)
-        args = make_args(b)
-        compiled = jax.jit(step).lower(*args).compile()
-        rows.append(dict(batch=b, seconds=time_call(compiled, *args, repeat=repeat),
-                         **step_cost(compiled)))
-    return rows
-
-
 def cpu_time_call(f: Callable[..., Any], *args: Any, repeat: int = 5) -> tuple[float, float]:
     """CPU seconds (of every thread of this process) and wall-clock seconds per call of
     ``f(*args)``, means over ``repeat`` calls after one that compiles; their ratio is the number
@@ -221,8 +200,6 @@ def cpu_time_call(f: Callable[..., Any], *args: Any, repeat: int = 5) -> tuple[f
 def _check_step_time_inputs(compute_time: float, num_devices: int, grad_bytes: float,
                             alpha: float, beta: float, overlap: bool = False,
                             parallelism: float | None = None) -> None:
-    """Raise a ValueError unless k and the parallelism are > 0, the compute time is finite
-    and the compute time, gradient bytes, alpha and beta are >= 0."""
     check.positive(num_devices=num_devices,
                    parallelism=num_devices if parallelism is None else parallelism)
     check.nonnegative(compute_time=compute_time, grad_bytes=grad_bytes, alpha=alpha, beta=beta)

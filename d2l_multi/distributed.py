@@ -23,8 +23,6 @@ import sys
 
 import jax
 import numpy as np
-from jax.sharding import Mesh, NamedSharding
-from jax.sharding import PartitionSpec as P
 from jax.typing import ArrayLike
 
 from . import _checks as check
@@ -147,7 +145,6 @@ def detect_cluster(environ=None):
 
 
 def _check_devices_per_process(devices_per_process: int | None = None) -> None:
-    """Raise a ValueError unless ``devices_per_process`` is a positive integer or None."""
     check.integer(1, none=True, devices_per_process=devices_per_process)
 
 
@@ -173,7 +170,6 @@ def _exit_at_once(kind, value, traceback):
 
 
 def _check_status(status: int = 0) -> None:
-    """Raise a ValueError unless ``status`` is an exit status from 0 to 255."""
     if not isinstance(check._number(status), int) or not 0 <= status <= 255:
         raise InputError(f"status must be an exit status from 0 to 255, got {status!r}")
 
@@ -242,8 +238,6 @@ def _gpus_here(environ=None, driver="/proc/driver/nvidia/gpus"):
 
 
 def _check_gpu_ids(process_id, devices_per_process, gpus):
-    """Raise ValueError unless the GPUs of process ``process_id`` (p*k .. p*k+k-1) are among
-    the ``gpus`` present (None or 0: no GPU, nothing to check)."""
     last = (process_id + 1) * devices_per_process
     if gpus and last > gpus:
         raise InputError(f"process {process_id} would use GPUs {last - devices_per_process}.."
@@ -363,24 +357,8 @@ def process_batches(X, y, batch_size, shuffle=False, seed=0, epoch=0):
         yield X[order[rows]], y[order[rows]], weight[rows]
 
 
-def _check_mesh_and_arrays(mesh: Mesh, *local_arrays: ArrayLike) -> None:
-    """Raise a ValueError unless ``mesh`` is a Mesh and ``local_arrays`` holds some arrays."""
-    check.mesh(mesh)
-    if not local_arrays:
-        raise InputError("pass the arrays to assemble, e.g. global_batch(mesh, X, y)")
-
-
-def global_batch(mesh, *local_arrays):
-    """Assemble each process's rows into global arrays sharded over ``mesh``'s
-    first axis."""
-    sharding = NamedSharding(mesh, P(mesh.axis_names[0]))
-    return tuple(jax.make_array_from_process_local_data(sharding, a)
-                 for a in local_arrays)
-
-
 # The public names check their arguments first (check.validated); the chapter shows
 # the functions themselves.
 assert_device_counts = check.validated(assert_device_counts, _check_devices_per_process)
 exit_worker = check.validated(exit_worker, _check_status)
 process_batches = check.validated(process_batches, _check_process_batches)
-global_batch = check.validated(global_batch, _check_mesh_and_arrays)

@@ -23,8 +23,6 @@ from .flax_models import _check_linen_batch
 
 
 def _check_ensemble_size(num_members, num_devices, one_per_device=False):
-    """Raise a ValueError naming the fix unless ``num_members`` models fit
-    ``num_devices``."""
     if not isinstance(check._number(num_members), int) or num_members < 1:
         raise InputError(f"an ensemble needs a positive number of models, got "
                          f"{num_members!r}")

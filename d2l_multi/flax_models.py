@@ -106,7 +106,6 @@ def train_nnx(model, data, num_devices, lr, num_epochs):
 
 def _check_train_nnx(model: nnx.Module, data: Any, num_devices: int, lr: float,
                      num_epochs: int) -> None:
-    """Raise a ValueError for a bad setting of ``train_nnx``, naming the fix."""
     check.positive(lr=lr, num_epochs=num_epochs)
     devices(num_devices)  # that many devices exist
     batch = getattr(data, "batch_size", None)  # no training pass is spent on a check
@@ -161,7 +160,6 @@ def update_model(state, grads):
 
 
 def _check_linen_layers(params, names):
-    """Raise a ValueError naming the layers among ``names`` that Linen's ``params`` lacks."""
     missing = sorted(set(names) - set(params))
     if missing:
         raise InputError(f"params has no layers {missing} (it has {sorted(params)}); pass "
@@ -178,7 +176,6 @@ def cnn_from_linen(params):
 
 
 def _check_cnn_from_linen(params: dict[str, Any]) -> None:
-    """Raise a ValueError unless ``params`` has the layers of ``LinenCNN``."""
     _check_linen_layers(params, ("Conv_0", "Conv_1", "Dense_0", "Dense_1"))
 
 
@@ -223,7 +220,6 @@ class Residual(nnx.Module):
 
 def _check_arch(arch: tuple[tuple[int, int], ...], num_classes: int = 10, *,
                 rngs: nnx.Rngs) -> None:
-    """Raise a ValueError unless ``arch`` is one or more positive ``(num_residuals, channels)``."""
     _check_rngs(rngs=rngs)
     check.positive(num_classes=num_classes)
     if not arch:
@@ -287,7 +283,6 @@ def _check_rngs(*, rngs: nnx.Rngs) -> None:
 
 
 def _check_batch(model: nnx.Module, images: ArrayLike, labels: ArrayLike) -> None:
-    """Refuse images not NHWC, holding NaN, or labels not among ``model``'s classes."""
     check.examples(images, labels, ("images", "labels"))
     check.images(images, name="images")
     check.finite_values(images, "images")

@@ -70,7 +70,6 @@ class CheckedPipeline(grain.IterDataset):
 
 
 def _check_loader_inputs(num_records, count, batch_size, seed, num_epochs):
-    """Raise a ValueError unless ``batch_size``, ``seed`` and ``num_epochs`` suit a shard."""
     per_shard = num_records // count
     try:
         check.integer(1, per_shard, batch_size=batch_size)
@@ -103,7 +102,6 @@ def grain_loader(source, batch_size, seed=0, num_epochs=None,
 def _check_grain_loader(source: Any, batch_size: int, seed: int = 0,
                         num_epochs: int | None = None,
                         shard_options: grain.sharding.ShardOptions | None = None) -> None:
-    """Raise a ValueError unless the arguments make a pipeline."""
     check.nonempty(source=source)
     if shard_options is None:
         shard_options = grain.sharding.ShardByJaxProcess(drop_remainder=True)

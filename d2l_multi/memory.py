@@ -11,11 +11,9 @@ from typing import Any
 import jax
 import jax.ad_checkpoint
 import jax.numpy as jnp
-from flax import nnx
 
 from . import _checks as check
 from .errors import InputError
-from .transformer import TransformerLM, lm_loss
 
 OPTIMIZER_STATE_COPIES = {"sgd": 0, "momentum": 1, "adam": 2}  # per parameter
 
@@ -39,9 +37,6 @@ def training_memory(num_params, activation_bytes=0, optimizer="adam",
 def _check_training_memory(num_params: int, activation_bytes: float = 0,
                            optimizer: str = "adam", param_shards: int = 1,
                            batch_shards: int = 1, bytes_per_value: int = 4) -> None:
-    """Raise a ValueError unless ``optimizer`` is in ``OPTIMIZER_STATE_COPIES``,
-    the sizes are > 0 and the activations >= 0 (``training_memory``'s
-    arguments)."""
     if optimizer not in OPTIMIZER_STATE_COPIES:
         raise InputError(f"unknown optimizer {optimizer!r}; use one of "
                          f"{sorted(OPTIMIZER_STATE_COPIES)} or add it to "
@@ -70,34 +65,6 @@ def saved_activation_bytes(f, *args):
                for bits, dims in shapes)
 
 
-def transformer_footprint(num_layers, d_model, num_heads, seq_len, batch_size,
-                          vocab_size, remat=False):
-    """Parameters and saved-activation bytes of a ``TransformerLM`` on a batch,
-    from shapes alone: one and two blocks are traced, the rest extrapolated."""
-
-    def measure(layers, remat):
-        with nnx.use_eager_sharding(False):  # shapes only: no arrays, no mesh
-            model = nnx.eval_shape(lambda: TransformerLM(
-                vocab_size, seq_len, d_model, num_heads, layers, remat=remat,
-                rngs=nnx.Rngs(0)))
-        tokens = jax.ShapeDtypeStruct((batch_size, seq_len), jnp.int32)
-        return (count_params(model),
-                saved_activation_bytes(lm_loss, model, tokens, tokens))
-
-    (params1, act1), (params2, act2) = measure(1, remat), measure(2, remat)
-    activations = act1 + (num_layers - 1) * (act2 - act1)
-    if remat:  # plus the activations of the one block being recomputed
-        activations += measure(2, False)[1] - measure(1, False)[1]
-    return params1 + (num_layers - 1) * (params2 - params1), activations
-
-
-def _check_transformer_footprint(num_layers: int, d_model: int, num_heads: int,
-                                 seq_len: int, batch_size: int, vocab_size: int,
-                                 remat: bool = False) -> None:
-    """Raise a ValueError unless the layers and the batch size are > 0."""
-    check.positive(num_layers=num_layers, batch_size=batch_size)
-
-
 def _check_count(tree: Any) -> None:
     check.tree(tree, "tree")
 
@@ -107,7 +74,5 @@ def _check_saved(f: Callable[..., Any], *args: Any) -> None:
         raise InputError(f"f must be the function to differentiate, got {f!r}")
 
 
-transformer_footprint = check.validated(transformer_footprint,
-                                        _check_transformer_footprint)
 count_params = check.validated(count_params, _check_count)
 saved_activation_bytes = check.validated(saved_activation_bytes, _check_saved)

@@ -109,7 +109,6 @@ def partitioned_hlo(lowered: jax.stages.Lowered) -> str:
 
 
 def _check_allreduce_bytes(hlo_text: str) -> None:
-    """Raise a TypeError unless ``hlo_text`` is HLO text (a string)."""
     if not isinstance(hlo_text, str):
         raise InputError(f"allreduce_bytes reads HLO text, not a "
                          f"{type(hlo_text).__name__}; pass "
@@ -117,8 +116,6 @@ def _check_allreduce_bytes(hlo_text: str) -> None:
 
 
 def _check_lost_updates(params: Any, updates: Any, dtype: DTypeLike) -> None:
-    """Refuse updates shaped unlike the parameters, or a dtype that is not a
-    floating-point type."""
     check.tree(params)
     if jax.tree.structure(params) != jax.tree.structure(updates):
         raise InputError("updates must have the structure of params (one "
@@ -127,7 +124,6 @@ def _check_lost_updates(params: Any, updates: Any, dtype: DTypeLike) -> None:
 
 
 def _check_float_dtype(dtype, name="compute_dtype"):
-    """Raise a ValueError unless ``dtype`` is a floating-point type."""
     try:
         floating = jnp.issubdtype(np.dtype(dtype), jnp.floating)
     except TypeError:
@@ -139,8 +135,6 @@ def _check_float_dtype(dtype, name="compute_dtype"):
 
 def _check_mixed_step(optimizer: optax.GradientTransformation, loss: Callable[..., jax.Array],
                       compute_dtype: DTypeLike = jnp.bfloat16) -> None:
-    """Refuse a step without an optax optimizer, a loss function or a
-    floating-point compute dtype."""
     check.optimizer(optimizer)
     if not callable(loss):
         raise InputError(f"loss must be a function loss(params, X, y), got "
@@ -151,8 +145,6 @@ def _check_mixed_step(optimizer: optax.GradientTransformation, loss: Callable[..
 def _check_train_sharded(train_step: Callable[..., Any], params: Params,
                          optimizer: optax.GradientTransformation, data: Any, mesh: Mesh,
                          num_epochs: int) -> None:
-    """Refuse a non-positive epoch count, or batches (training or test) that
-    do not split evenly over the devices of ``mesh``."""
     check.positive(num_epochs=num_epochs)
     check.optimizer(optimizer)
     check.mesh(mesh)

@@ -39,7 +39,6 @@ def train_batch(params, X, y, num_devices, lr):
 
 
 def _check_finite_loss(loss, epoch, lr, batch_size):
-    """Raise a DivergedError suggesting a smaller ``lr`` unless ``loss`` is finite."""
     if not math.isfinite(loss):
         raise DivergedError(f"the loss became {loss} in epoch {epoch} with lr={lr:g}, "
                             f"too large for batch {batch_size}: lower lr by factors of "
@@ -74,7 +73,6 @@ def train(num_devices, batch_size, lr, num_epochs=10, data=None):
 # The checks around the functions above, which the chapter shows without them.
 
 def _check_split_batch(X: ArrayLike, y: ArrayLike, num_devices: int) -> None:
-    """Refuse labels that do not match ``X`` and a batch that does not divide."""
     check.examples(X, y)
     check.labels(y)
     check.divisible(len(X), num_devices)
@@ -86,7 +84,6 @@ def _check_device_step(params: Params, X: ArrayLike, y: ArrayLike, lr: float) ->
 
 
 def _check_pmap_step(params: Params, X: ArrayLike, y: ArrayLike, lr: float) -> None:
-    """Refuse shards (one batch per device, stacked) LeNet cannot take, or a bad ``lr``."""
     channels, classes = lenet_io(params)
     check.examples(X, y)
     check.images(X, channels, stacked=1)
@@ -96,8 +93,6 @@ def _check_pmap_step(params: Params, X: ArrayLike, y: ArrayLike, lr: float) -> N
 
 def _check_train_batch(params: Params, X: ArrayLike, y: ArrayLike, num_devices: int,
                        lr: float) -> None:
-    """Refuse a batch LeNet cannot take (``d2l.check_batch``), one that does not divide, or
-    a bad ``lr``."""
     check_batch(params, X, y)
     check.divisible(len(X), num_devices)
     check.positive(lr=lr)

@@ -262,7 +262,6 @@ def _check_table(table: Table) -> None:
 
 
 def _check_kinds(kinds: ArrayLike) -> None:
-    """Raise a ValueError unless ``kinds`` is a 2-D array of IDLE, FORWARD and BACKWARD."""
     kinds = np.asarray(kinds)
     if kinds.ndim != 2 or not np.isin(kinds, (IDLE, FORWARD, BACKWARD)).all():
         raise InputError(f"kinds must be a 2-D array (slots x stages) of {IDLE} (idle), "
@@ -272,8 +271,6 @@ def _check_kinds(kinds: ArrayLike) -> None:
 
 def _check_pipeline_step(params: Any, X: ArrayLike, Y: ArrayLike, mesh: Mesh,
                          table: Table) -> None:
-    """Raise a ValueError naming the mismatch between the mesh, the table, the parameters
-    and the batch of a pipelined step."""
     _check_table(table)
     check.mesh(mesh)
     p, m = len(table[0]), 1 + max(op[1] for row in table for op in row if op)

@@ -130,8 +130,6 @@ Schedule = list[tuple[str, str, list[str]]]  # (name, opcode, operands) in progr
 
 
 def _check_hlo_entry(hlo_text: str) -> None:
-    """Refuse anything but the text of an HLO module with an ENTRY
-    computation."""
     if not isinstance(hlo_text, str):
         raise InputError(f"hlo_schedule reads HLO text, not a "
                          f"{type(hlo_text).__name__}; pass "
@@ -143,7 +141,6 @@ def _check_hlo_entry(hlo_text: str) -> None:
 
 
 def _check_schedule(schedule: Schedule) -> None:
-    """Refuse anything but a list of (name, opcode, operands) triples (``hlo_schedule``)."""
     if isinstance(schedule, str) or not all(
             isinstance(row, (tuple, list)) and len(row) == 3 for row in schedule):
         raise InputError(f"schedule must be a list of (name, opcode, operands) triples; make "

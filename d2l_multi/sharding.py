@@ -16,7 +16,6 @@ from .errors import InputError
 
 
 def _check_rules(rules, mesh):
-    """Check that each rule maps a logical name to None or to mesh axes."""
     for logical, target in rules.items():
         axes = target if isinstance(target, tuple) else (target,)
         missing = [a for a in axes
@@ -30,9 +29,6 @@ def _check_rules(rules, mesh):
 
 
 def _check_layout(state, rules, mesh):
-    """Check ``rules`` (``_check_rules``), that every logical axis name on
-    ``state``'s variables has a rule and that every dimension splits evenly over
-    the mesh axes its rule names."""
     _check_rules(rules, mesh)
     flat = jax.tree_util.tree_leaves_with_path(
         state, is_leaf=lambda x: isinstance(x, nnx.Variable))
@@ -91,9 +87,6 @@ Rules = dict[str, Any]  # logical axis name -> a mesh axis, a tuple of them, or 
 
 
 def _check_model_layout(model_fn: Callable[[], nnx.Module], mesh: Mesh, rules: Rules) -> None:
-    """Check ``rules`` against ``mesh`` and the layout of ``model_fn()``'s state
-    (``_check_layout``), from shapes alone: what ``abstract_state`` and
-    ``create_sharded`` refuse before they build anything."""
     check.mesh(mesh)
     _check_rules(rules, mesh)
     with nnx.use_eager_sharding(False):

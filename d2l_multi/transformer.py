@@ -168,8 +168,6 @@ def _check_lm(vocab_size: int, seq_len: int, d_model: int = 64, num_heads: int =
 
 
 def _check_tokens_batch(model: nnx.Module, X: ArrayLike, Y: ArrayLike) -> None:
-    """Refuse token ids that are not (batch, length) integers below the model's
-    vocabulary, or inputs and targets of different shapes."""
     if jnp.shape(X) != jnp.shape(Y) or jnp.ndim(X) != 2:
         raise InputError(f"X and Y must be token ids of one shape (batch, length), got "
                          f"{jnp.shape(X)} and {jnp.shape(Y)}")

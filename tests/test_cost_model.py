@@ -6,7 +6,6 @@ import numpy as np
 import pytest
 
 import d2l_multi as d2l
-from d2l_multi.cost_model import measure_compute
 
 ALPHA, BETA = 40e-6, 1 / 2e9  # 40 µs, 2 GB/s
 SIZES = np.array([2 ** i for i in range(10, 26, 2)], float)
@@ -117,15 +116,6 @@ def test_step_cost_counts_a_matrix_product():
     assert cost["bytes"] >= 4 * (2 * 64 * 32 + 64 * 64)
     compiled = jax.jit(lambda a, b: a @ b).lower(a, a.T).compile()
     assert d2l.step_cost(compiled) == cost
-
-
-def test_measure_compute_times_and_counts_each_batch():
-    rows = measure_compute(lambda x: (x @ x.T).sum(), lambda b: (jnp.ones((b, 64)),),
-                               [32, 8], repeat=2)
-    assert [r["batch"] for r in rows] == [8, 32]
-    assert rows[1]["flops"] > rows[0]["flops"] > 0 and all(r["seconds"] > 0 for r in rows)
-    with pytest.raises(ValueError, match="batch_size must be a positive integer"):
-        measure_compute(lambda x: x, lambda b: (jnp.ones(b),), [0, 4])
 
 
 def test_cpu_time_call_counts_cpu_and_wall_seconds():

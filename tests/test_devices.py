@@ -200,7 +200,7 @@ def test_the_machine_is_described_without_starting_jax():
     """What a timing was measured on (the benchmarks, the book's execution table): CPU, cores,
     load and OS, then the versions, with no JAX backend started."""
     out = run_python("import sys\nfrom d2l_multi.commands import book\n"
-                     "from d2l_multi.hardware import describe_machine\n"
+                     "from d2l_multi.commands.common import describe_machine\n"
                      "print(describe_machine()); print(book.versions())\n"
                      "print(sorted(m for m in ('jax', 'flax') if m in sys.modules))")
     machine, versions, loaded = out.strip().splitlines()

@@ -31,10 +31,10 @@ import d2l_multi as d2l
 from d2l_multi import _checks as check
 from d2l_multi import commands
 from d2l_multi.commands import launch, mp_train
+from d2l_multi.commands.mp_train import global_batch
 from d2l_multi.distributed import (
     assert_device_counts,
     detect_cluster,
-    global_batch,
     launcher_settings,
 )
 

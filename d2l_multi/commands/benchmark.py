@@ -62,7 +62,7 @@ def _machine():
     import jax
     import jaxlib
 
-    from ..hardware import describe_machine
+    from .common import describe_machine
     devices = jax.devices()
     return "\n".join([
         f"machine: {describe_machine()}",

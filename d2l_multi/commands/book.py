@@ -343,7 +343,7 @@ def run(args: argparse.Namespace) -> int:
     chapters = chapters_folder(args.chapters)
     start = time.perf_counter()
     if mode != "off":  # execution times mean something only next to the machine that ran them
-        from ..hardware import describe_machine
+        from .common import describe_machine
         print(f"machine before the build: {describe_machine()}\n{versions()}")
     try:
         index, rows = build_book(args.out, mode, chapters, rerun=args.rerun, quiet=args.quiet)

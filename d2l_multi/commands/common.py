@@ -110,3 +110,15 @@ def save_atomic(path: pathlib.Path, write: Callable[[pathlib.Path], object]) -> 
     return path
 
 
+def describe_machine() -> str:
+    """One line naming this machine: CPU model, cores, load average and OS (starts no JAX)."""
+    import platform
+    cpu = platform.processor() or platform.machine()
+    try:
+        with open("/proc/cpuinfo") as f:
+            cpu = next(line.split(":", 1)[1].strip() for line in f if "model name" in line)
+    except (OSError, StopIteration):
+        pass
+    load = " ".join(f"{x:.2f}" for x in os.getloadavg()) if hasattr(os, "getloadavg") else "?"
+    return (f"{cpu}, {os.cpu_count()} cores, load average {load}, "
+            f"{platform.system()} {platform.release()}")

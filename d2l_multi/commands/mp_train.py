@@ -40,7 +40,7 @@ import d2l_multi as d2l
 from .. import _checks as check
 from .. import smoke_switch
 from ..checkpoint import wait_for_saves
-from ..distributed import global_batch, launcher_settings
+from ..distributed import launcher_settings
 from ..errors import DataError, DivergedError, InputError, PathError
 from .common import OneLineParser, check_out, only_run, positive, save_atomic, writable_dir
 
@@ -154,6 +154,15 @@ def _examples(option, asked, available, smoke_size):
 
 OUTPUTS = ("log.json", "train.png", "params.npz")  # the files process 0 writes into --out
 OUTPUT_BYTES = 4_000_000  # about what a run writes: those and 3 checkpoints of LeNet
+
+
+def global_batch(mesh, *local_arrays):
+    """Assemble each process's rows into global arrays sharded over ``mesh``'s first axis."""
+    check.mesh(mesh)
+    if not local_arrays:
+        raise InputError("pass the arrays to assemble, e.g. global_batch(mesh, X, y)")
+    sharding = NamedSharding(mesh, P(mesh.axis_names[0]))
+    return tuple(jax.make_array_from_process_local_data(sharding, a) for a in local_arrays)
 
 
 def data_mesh():

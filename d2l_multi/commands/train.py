@@ -12,8 +12,8 @@ import time
 from .. import _checks as check
 from .. import smoke_switch
 from ..errors import Error, InputError
-from ..hardware import cpu_threads, describe_machine
-from .common import check_out, only_run, positive, save_atomic
+from ..hardware import cpu_threads
+from .common import check_out, describe_machine, only_run, positive, save_atomic
 
 HELP = "LeNet data parallel on 1 and N devices: a table and two plots (the default command)"
 DESCRIPTION = ("Train LeNet on Fashion-MNIST data-parallel on 1 and N devices (N simulated CPU "
