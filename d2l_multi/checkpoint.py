@@ -139,11 +139,8 @@ def _check_directory(directory, name="directory"):
 
 
 class _QuietOrbax(logging.Filter):
-    """Drop what Orbax logs that this module says itself: that a read-only manager is read-only
-    (we asked for it), that a step has no readable step metadata (a restore reports the step
-    as damaged or unfinished; ``saved_steps`` leaves it out) or no metadata of its state (a
-    restore reports it as damaged), and the tracebacks its background threads log for a failed
-    save (``wait_for_saves`` raises that error again, as one message)."""
+    """Drop what Orbax logs that this module reports itself (a read-only manager, missing or
+    damaged metadata, the tracebacks of a failed background save)."""
 
     EXPECTED = ("Given directory is read only", "Metadata file does not exist",
                 "Failed to json parse Metadata file",
@@ -156,9 +153,8 @@ class _QuietOrbax(logging.Filter):
 
 
 def _is_closed_loop_error(unraisable):
-    """Whether ``unraisable`` is the error of a TensorStore callback that found the event loop
-    closed: Orbax closes it as soon as one read or write fails, and reports that failure
-    itself."""
+    """Whether ``unraisable`` is a TensorStore callback's error on the event loop Orbax closed
+    after a failed read or write (a failure Orbax reports itself)."""
     frames = traceback.extract_tb(unraisable.exc_traceback)
     return (isinstance(unraisable.exc_value, RuntimeError) and bool(frames)
             and frames[-1].name == "_check_closed"
@@ -195,9 +191,8 @@ def _leave_quiet():
 
 @contextlib.contextmanager
 def _quiet_orbax():
-    """Within (scopes nest): the absl logger drops the records of ``_QuietOrbax``, and
-    ``sys.unraisablehook`` the errors of ``_is_closed_loop_error``; when the last scope ends,
-    both are as they were before the first."""
+    """Within (scopes nest), drop ``_QuietOrbax``'s records and ``_is_closed_loop_error``'s
+    errors; when the last scope ends, the logger and the hook are as they were."""
     _enter_quiet()
     try:
         yield
@@ -209,8 +204,7 @@ _saving = {}  # id(manager) -> the weakref.finalize that ends the quiet its save
 
 
 def _quiet_until_waited(manager):
-    """Be quiet from ``manager``'s save until its saves are waited for (``wait_for_saves``, or
-    closing a manager of ``checkpoint_manager``), or until ``manager`` is gone."""
+    """Be quiet from ``manager``'s save until its saves are waited for or it is gone."""
     if id(manager) not in _saving:
         _enter_quiet()
         _saving[id(manager)] = weakref.finalize(manager, _end_quiet_of_saves, id(manager))
@@ -241,16 +235,14 @@ _STEP_NAMES = ocp.step.standard_name_format()  # a manager's step folders: 8/, 1
 
 
 def _steps(directory):
-    """{step: folder} of the step folders Orbax finds in ``directory``, finished or not (a
-    folder named as a step, not a temporary one being written)."""
+    """{step: folder} of the step folders Orbax finds in ``directory``, finished or not."""
     if not directory.is_dir():
         return {}
     return {found.step: pathlib.Path(found.path) for found in _STEP_NAMES.find_all(directory)}
 
 
 def _finished(folder):
-    """Whether Orbax's step metadata says that the save of ``folder`` was committed. A
-    PathError names any file in it that is not a regular one (reading it could block)."""
+    """Whether Orbax's step metadata says that the save of ``folder`` was committed."""
     check.regular_files(folder, "delete that step's folder, or restore another step")
     try:
         return ocp.metadata.get_step_metadata(folder).commit_timestamp_nsecs is not None
@@ -281,8 +273,7 @@ def _check_writable(directory):
 
 
 def _is_step_being_written(path):
-    """Whether ``path`` is the temporary folder of a step Orbax is writing (or was, when its
-    job died)."""
+    """Whether ``path`` is the temporary folder of a step being written (or left by a crash)."""
     if not ocp.step.is_path_temporary(path):
         return False
     try:
@@ -354,14 +345,6 @@ def saved_steps(directory: str | os.PathLike) -> list[int]:
         return sorted(step for step, folder in _steps(directory).items() if _finished(folder))
 
 
-def _check_tree(state, what):
-    leaves = jax.tree.leaves(state)
-    if not leaves:
-        raise InputError(f"{what} holds no arrays ({state!r}); pass a pytree of arrays, e.g. "
-                         f"the train state of d2l.sharded_train_state")
-    return leaves
-
-
 def save_checkpoint(manager: ocp.CheckpointManager, step: int, state: Any,
                     data_iter: grain.DatasetIterator | None = None) -> bool:
     """Save ``state`` (and where the Grain iterator ``data_iter`` is) as ``step``, in the
@@ -370,7 +353,7 @@ def save_checkpoint(manager: ocp.CheckpointManager, step: int, state: Any,
         raise InputError(f"manager must be an Orbax CheckpointManager (d2l.checkpoint_manager), "
                          f"got {type(manager).__name__}")
     check.integer(0, step=step)
-    _check_tree(state, "state")
+    check.tree(state, "state")
     if data_iter is not None and not hasattr(data_iter, "get_state"):
         raise InputError(f"data_iter must be a Grain iterator (with get_state), got "
                          f"{type(data_iter).__name__}; pass iter(loader), or None")
@@ -448,8 +431,8 @@ def _check_fits(saved, target, where):
 
 
 def _target(target):
-    """``target`` with NumPy scalars as 0-d arrays; a ValueError names any leaf Orbax cannot
-    restore into and any layout that does not tile its array."""
+    """``target`` with NumPy scalars as 0-d arrays, refusing leaves and layouts Orbax cannot
+    restore into."""
     if target is None or not jax.tree.leaves(target):
         raise InputError(f"target holds no arrays ({target!r}); pass the shapes, dtypes and "
                          f"layouts to restore into, e.g. d2l.abstract_like(state, mesh, specs)")
@@ -507,10 +490,8 @@ def _damaged(where, why, steps):
 
 
 def _not_json(error, where):
-    """The file under ``where`` whose text Orbax, TensorStore or Grain failed to parse as
-    JSON, as a path relative to ``where`` (``'a metadata file'`` if it cannot be told), or
-    None if ``error`` is no such failure. The file is the one TensorStore names, or the one
-    holding the text a ``json.JSONDecodeError`` quotes."""
+    """The file under ``where`` (relative to it) that Orbax, TensorStore or Grain failed to
+    parse as JSON (``'a metadata file'`` if it cannot be told), or None."""
     for x in _chain(error):
         named = re.search(r'"([^"]+)": Invalid JSON', str(x))  # TensorStore's message
         if named:
@@ -526,9 +507,8 @@ def _not_json(error, where):
 
 
 def _restore_failure(e, where, steps):
-    """The error that says why reading ``where`` failed. Permissions and layouts were checked
-    before reading, so it is no permission or no memory (by the exception's type or status
-    code), a metadata file that is not JSON, or else a damaged checkpoint."""
+    """The error that says why reading ``where`` failed: no permission, no memory, a metadata
+    file that is not JSON, or else a damaged checkpoint."""
     chain = _chain(e)
     codes = {_status(x) for x in chain}
     detail = f"{type(e).__name__}: {str(e)[:200]}"

@@ -54,8 +54,7 @@ def _env_int(name, minimum, env):
 
 
 def _started_by(pid):
-    """True if process ``pid`` is this process, its parent, its parent's parent, ... (read
-    from /proc; where there is none, True if ``pid`` is running)."""
+    """True if process ``pid`` is this process or an ancestor (without /proc: is running)."""
     if pid == os.getpid():
         return True
     if not os.path.isdir("/proc"):
@@ -123,13 +122,8 @@ def _on_cloud_tpu_vm(dev="/dev"):
 
 
 def detect_cluster(environ=None):
-    """Name the cluster manager that started this process as one of several, or None.
-
-    Returns 'slurm' (inside ``srun`` with more than one task), 'ompi' (``mpirun`` with more
-    than one rank), 'k8s' (a pod of an indexed Kubernetes Job) or 'tpu' (a Cloud TPU VM, or a
-    TPU pod on Kubernetes). It reads only environment variables (of ``environ``, default
-    ``os.environ``) and, for Cloud TPU VMs, which device files exist.
-    """
+    """The cluster manager that started this process as one of several ('slurm', 'ompi',
+    'k8s' or 'tpu'), or None; read from the environment (and, for a Cloud TPU VM, /dev)."""
     env = os.environ if environ is None else environ
     slurm = ("SLURM_JOB_ID", "SLURM_STEP_NODELIST", "SLURM_NTASKS", "SLURM_PROCID",
              "SLURM_LOCALID")
@@ -163,8 +157,7 @@ def assert_device_counts(devices_per_process=None):
 
 
 def _exit_at_once(kind, value, traceback):
-    """``sys.excepthook`` of a process in a job: print the error as usual, then end the process
-    at once instead of waiting in JAX's shutdown barrier for peers that may never arrive."""
+    """``sys.excepthook`` of a process in a job: print the error, then end at once."""
     sys.__excepthook__(kind, value, traceback)
     exit_worker(130 if issubclass(kind, KeyboardInterrupt) else 1)
 
@@ -194,8 +187,7 @@ def _check_timeout(name, value):
 
 
 def _bound_cpu_waits(collective):
-    """Make XLA's CPU collectives and topology exchange give up after ``collective`` seconds
-    (the topology exchange counts whole minutes) instead of their defaults (2 and 5 min)."""
+    """Make XLA's CPU collectives and topology exchange give up after ``collective`` seconds."""
     flags = os.environ.get("XLA_FLAGS", "")
     if "xla_cpu_collective_timeout" not in flags:  # read when JAX starts
         os.environ["XLA_FLAGS"] = f"{flags} --xla_cpu_collective_timeout_seconds={collective}"
@@ -205,8 +197,7 @@ def _bound_cpu_waits(collective):
 
 
 def _port_in_use(address):
-    """The OSError for process 0 when something holds the coordinator's port (JAX's own
-    failure to bind it can crash the process)."""
+    """The OSError for process 0 when something holds the coordinator's port."""
     host, port = address.rsplit(":", 1)
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     with socket.socket(family, socket.SOCK_STREAM) as s:
@@ -225,8 +216,7 @@ def _port_in_use(address):
 
 
 def _gpus_here(environ=None, driver="/proc/driver/nvidia/gpus"):
-    """How many NVIDIA GPUs this process may use (``CUDA_VISIBLE_DEVICES`` counted), or None
-    where there is no NVIDIA driver."""
+    """How many NVIDIA GPUs this process may use, or None without an NVIDIA driver."""
     env = os.environ if environ is None else environ
     if not os.path.isdir(driver):
         return None

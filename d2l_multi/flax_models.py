@@ -7,8 +7,7 @@ devices and a replicated model it is the data-parallel step (automatic paralleli
 
 Classic (Flax Linen + ``pmap``; notebook 05a): the Flax examples' CNN with a ``TrainState``,
 replicated with ``pmap`` and trained with ``apply_model`` (gradients averaged by ``lax.pmean``)
-and ``update_model``; ``jit_train_step`` runs that ``TrainState`` under ``jit``; and
-``cnn_from_linen`` moves the Linen CNN's parameters into the NNX CNN, layer by layer.
+and ``update_model``; and ``jit_train_step`` runs that ``TrainState`` under ``jit``.
 """
 import functools
 import weakref
@@ -159,26 +158,6 @@ def update_model(state, grads):
     return state.apply_gradients(grads=grads)
 
 
-def _check_linen_layers(params, names):
-    missing = sorted(set(names) - set(params))
-    if missing:
-        raise InputError(f"params has no layers {missing} (it has {sorted(params)}); pass "
-                         f"LinenCNN's parameters, e.g. create_train_state(...).params")
-
-
-def cnn_from_linen(params):
-    """An NNX ``CNN`` holding ``LinenCNN``'s ``params``, matched by name."""
-    layers = {"conv1": "Conv_0", "conv2": "Conv_1", "dense1": "Dense_0",
-              "dense2": "Dense_1"}
-    model = nnx.eval_shape(lambda: CNN(rngs=nnx.Rngs(0)))  # no values drawn
-    nnx.update(model, {new: dict(params[old]) for new, old in layers.items()})
-    return model
-
-
-def _check_cnn_from_linen(params: dict[str, Any]) -> None:
-    _check_linen_layers(params, ("Conv_0", "Conv_1", "Dense_0", "Dense_1"))
-
-
 @jax.jit
 def jit_train_step(state, images, labels):
     """The classic TrainState's step under ``jit``: (state, loss, accuracy)."""
@@ -189,7 +168,6 @@ def jit_train_step(state, images, labels):
 
 
 train_nnx = check.validated(train_nnx, _check_train_nnx)
-cnn_from_linen = check.validated(cnn_from_linen, _check_cnn_from_linen)
 
 
 # ----- d2l's ResNet-18 in NNX (notebook 05c) -----

@@ -16,10 +16,9 @@ from flax import jax_utils
 from flax.training import train_state
 from jax import lax
 from jax.sharding import PartitionSpec as P
-from trees import assert_trees_close
+from trees import assert_trees_close, cnn_from_linen
 
 import d2l_multi as d2l
-from d2l_multi.flax_models import cnn_from_linen
 
 K = 3                       # SGD steps, k >= 3
 NUM_DEVICES = 8             # conftest simulates 8 CPU devices

@@ -7,9 +7,9 @@ import numpy as np
 import pytest
 from flax import nnx
 from recording import RecordingData
+from trees import cnn_from_linen
 
 import d2l_multi as d2l
-from d2l_multi.flax_models import cnn_from_linen
 
 TINY_ARCH = ((1, 4), (1, 8))  # a two-stage ResNet: fast to compile
 
@@ -38,11 +38,6 @@ def test_cnn_from_linen_maps_the_layers_by_name():
         jax.jit(linen.apply)({"params": params}, X)), rtol=1e-5, atol=1e-5)
     np.testing.assert_array_equal(np.asarray(model.dense1.kernel[...]),
                                   np.asarray(params["Dense_0"]["kernel"]))
-
-
-def test_cnn_from_linen_refuses_other_parameters():
-    with pytest.raises(ValueError, match=r"no layers \['Conv_1', 'Dense_1'\].*LinenCNN"):
-        cnn_from_linen({"Conv_0": {}, "Dense_0": {}})
 
 
 def test_resnet18_shapes_and_size():

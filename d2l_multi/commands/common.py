@@ -13,7 +13,11 @@ import shutil
 import tempfile
 from collections.abc import Callable, Iterable, Iterator
 
-from ..errors import AlreadyExistsError, InUseError, NoAccessError, NotAFolderError, PathError
+from ..errors import AlreadyExistsError, NoAccessError, NotAFolderError, PathError
+
+
+class InUseError(PathError, BlockingIOError):
+    """A folder another run is using."""
 
 
 class OneLineParser(argparse.ArgumentParser):
