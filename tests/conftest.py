@@ -79,9 +79,18 @@ def _full_copies():
     return all(data.find_dataset(name) is not None for name in ("fashion-mnist", "mnist"))
 
 
+# Test files that take more than about 20 s on 2 cores: they start notebook kernels, build the
+# book, grade a classroom or launch jobs of several processes.
+SLOW_FILES = {"test_book.py", "test_classroom.py"}
+
+
 def pytest_collection_modifyitems(config, items):
-    """The few tests of the full data sets skip, saying how to provide them, when there is no
-    local copy (the tests never download); everything else runs."""
+    """The notebooks (nbmake) and the slow test files are marked ``slow``, so that
+    ``-m "not slow"`` gives a quick run. The few tests of the full data sets skip, saying how
+    to provide them, when there is no local copy (the tests never download)."""
+    for item in items:
+        if item.path.suffix == ".ipynb" or item.path.name in SLOW_FILES:
+            item.add_marker(pytest.mark.slow)
     if _full_copies():
         return
     skip = pytest.mark.skip(reason="no full local copy of Fashion-MNIST and MNIST: set "
