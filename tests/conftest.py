@@ -79,9 +79,9 @@ def _full_copies():
     return all(data.find_dataset(name) is not None for name in ("fashion-mnist", "mnist"))
 
 
-# Test files that take more than about 20 s on 2 cores: they start notebook kernels, build the
-# book, grade a classroom or launch jobs of several processes.
-SLOW_FILES = {"test_book.py", "test_classroom.py"}
+# Test files that take more than about 20 s on 2 cores: they build the book, run the benchmark
+# commands, grade a classroom or launch jobs of several processes.
+SLOW_FILES = {"test_benchmark.py", "test_book.py", "test_classroom.py", "test_distributed.py"}
 
 
 def pytest_collection_modifyitems(config, items):
