@@ -20,7 +20,8 @@ import sys
 import threading
 import traceback
 import weakref
-from typing import Any, Callable, Iterator
+from collections.abc import Callable, Iterator
+from typing import Any
 
 import grain
 import jax
@@ -28,12 +29,22 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 import orbax.checkpoint as ocp
-from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+from jax.sharding import Mesh, NamedSharding
+from jax.sharding import PartitionSpec as P
 
 from . import _checks as check
-from .errors import AlreadyExistsError, CheckpointError, DivergedError, InputError, NoAccessError, NotAFolderError, NotFoundError, PathError, TooLargeError
-from .concise import make_train_step, shard_batch
-from .hardware import device_mesh
+from .concise import shard_batch
+from .errors import (
+    AlreadyExistsError,
+    CheckpointError,
+    DivergedError,
+    InputError,
+    NoAccessError,
+    NotAFolderError,
+    NotFoundError,
+    PathError,
+    TooLargeError,
+)
 
 
 def _is_spec(x):
@@ -41,7 +52,6 @@ def _is_spec(x):
 
 
 def _check_specs(tree, specs):
-    """Raise a ValueError unless ``specs`` holds one PartitionSpec per array of ``tree``."""
     spec_leaves = jax.tree.leaves(specs, is_leaf=_is_spec)
     if any(s is None or not isinstance(s, P) for s in spec_leaves):
         bad = next(s for s in spec_leaves if not isinstance(s, P))
@@ -56,11 +66,7 @@ def _check_specs(tree, specs):
 
 
 def _check_layouts(tree, specs, mesh):
-    """Raise a ValueError unless ``mesh`` is a Mesh and ``specs`` holds one PartitionSpec per
-    array of ``tree`` that names axes of ``mesh`` and splits its array evenly."""
-    if not isinstance(mesh, Mesh):
-        raise InputError(f"mesh must be a jax.sharding.Mesh (e.g. d2l.device_mesh((4, 2))), got "
-                         f"{type(mesh).__name__}")
+    check.mesh(mesh)
     _check_specs(tree, specs)
     for x, spec in zip(jax.tree.leaves(tree), jax.tree.leaves(specs, is_leaf=_is_spec)):
         check.spec(spec, mesh, jnp.shape(x))
@@ -71,8 +77,7 @@ def lenet_specs(axis="model"):
     return [P(), P(), P(), P(), P(None, axis), P(axis), P(axis, None), P()]
 
 
-def _check_lenet_specs(axis="model"):
-    """Raise a ValueError unless ``axis`` names a mesh axis."""
+def _check_lenet_specs(axis: str = "model") -> None:
     if not isinstance(axis, str) or not axis:
         raise InputError(f"axis must be the name of a mesh axis, e.g. 'model', got {axis!r}")
 
@@ -87,8 +92,7 @@ def state_specs(optimizer, params, specs):
             "step": P()}
 
 
-def _check_state_specs(optimizer, params, specs):
-    """Raise a ValueError unless ``optimizer`` is optax's and ``specs`` fit ``params``."""
+def _check_state_specs(optimizer: optax.GradientTransformation, params: Any, specs: Any) -> None:
     check.optimizer(optimizer)
     _check_specs(params, specs)
 
@@ -103,8 +107,8 @@ def sharded_train_state(params, optimizer, mesh, specs):
         state, layouts)
 
 
-def _check_train_state(params, optimizer, mesh, specs):
-    """Raise a ValueError unless ``specs`` lay ``params`` out on ``mesh``."""
+def _check_train_state(params: Any, optimizer: optax.GradientTransformation, mesh: Mesh,
+                       specs: Any) -> None:
     _check_layouts(params, specs, mesh)
 
 
@@ -114,8 +118,7 @@ def abstract_like(tree, mesh, specs):
         x.shape, x.dtype, sharding=NamedSharding(mesh, spec)), tree, specs)
 
 
-def _check_abstract_like(tree, mesh, specs):
-    """Raise a ValueError unless ``specs`` lay ``tree`` out on ``mesh``."""
+def _check_abstract_like(tree: Any, mesh: Mesh, specs: Any) -> None:
     _check_layouts(tree, specs, mesh)
 
 
@@ -135,20 +138,9 @@ def _check_directory(directory, name="directory"):
     return directory
 
 
-def _check_count(name, value, minimum, allow_none=False):
-    if value is None and allow_none:
-        return
-    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < minimum:
-        none = " or None" if allow_none else ""
-        raise InputError(f"{name} must be an integer >= {minimum}{none}, got {value!r}")
-
-
 class _QuietOrbax(logging.Filter):
-    """Drop what Orbax logs that this module says itself: that a read-only manager is read-only
-    (we asked for it), that a step has no readable step metadata (a restore reports the step
-    as damaged or unfinished; ``saved_steps`` leaves it out) or no metadata of its state (a
-    restore reports it as damaged), and the tracebacks its background threads log for a failed
-    save (``wait_for_saves`` raises that error again, as one message)."""
+    """Drop what Orbax logs that this module reports itself (a read-only manager, missing or
+    damaged metadata, the tracebacks of a failed background save)."""
 
     EXPECTED = ("Given directory is read only", "Metadata file does not exist",
                 "Failed to json parse Metadata file",
@@ -161,9 +153,8 @@ class _QuietOrbax(logging.Filter):
 
 
 def _is_closed_loop_error(unraisable):
-    """Whether ``unraisable`` is the error of a TensorStore callback that found the event loop
-    closed: Orbax closes it as soon as one read or write fails, and reports that failure
-    itself."""
+    """Whether ``unraisable`` is a TensorStore callback's error on the event loop Orbax closed
+    after a failed read or write (a failure Orbax reports itself)."""
     frames = traceback.extract_tb(unraisable.exc_traceback)
     return (isinstance(unraisable.exc_value, RuntimeError) and bool(frames)
             and frames[-1].name == "_check_closed"
@@ -200,9 +191,8 @@ def _leave_quiet():
 
 @contextlib.contextmanager
 def _quiet_orbax():
-    """Within (scopes nest): the absl logger drops the records of ``_QuietOrbax``, and
-    ``sys.unraisablehook`` the errors of ``_is_closed_loop_error``; when the last scope ends,
-    both are as they were before the first."""
+    """Within (scopes nest), drop ``_QuietOrbax``'s records and ``_is_closed_loop_error``'s
+    errors; when the last scope ends, the logger and the hook are as they were."""
     _enter_quiet()
     try:
         yield
@@ -214,8 +204,7 @@ _saving = {}  # id(manager) -> the weakref.finalize that ends the quiet its save
 
 
 def _quiet_until_waited(manager):
-    """Be quiet from ``manager``'s save until its saves are waited for (``wait_for_saves``, or
-    closing a manager of ``checkpoint_manager``), or until ``manager`` is gone."""
+    """Be quiet from ``manager``'s save until its saves are waited for or it is gone."""
     if id(manager) not in _saving:
         _enter_quiet()
         _saving[id(manager)] = weakref.finalize(manager, _end_quiet_of_saves, id(manager))
@@ -246,8 +235,7 @@ _STEP_NAMES = ocp.step.standard_name_format()  # a manager's step folders: 8/, 1
 
 
 def _steps(directory):
-    """{step: folder} of the step folders Orbax finds in ``directory``, finished or not (a
-    folder named as a step, not a temporary one being written)."""
+    """{step: folder} of the step folders Orbax finds in ``directory``, finished or not."""
     if not directory.is_dir():
         return {}
     return {found.step: pathlib.Path(found.path) for found in _STEP_NAMES.find_all(directory)}
@@ -255,6 +243,7 @@ def _steps(directory):
 
 def _finished(folder):
     """Whether Orbax's step metadata says that the save of ``folder`` was committed."""
+    check.regular_files(folder, "delete that step's folder, or restore another step")
     try:
         return ocp.metadata.get_step_metadata(folder).commit_timestamp_nsecs is not None
     except ValueError:  # no step metadata, or not JSON
@@ -284,8 +273,7 @@ def _check_writable(directory):
 
 
 def _is_step_being_written(path):
-    """Whether ``path`` is the temporary folder of a step Orbax is writing (or was, when its
-    job died)."""
+    """Whether ``path`` is the temporary folder of a step being written (or left by a crash)."""
     if not ocp.step.is_path_temporary(path):
         return False
     try:
@@ -304,6 +292,12 @@ def _check_only_checkpoints(directory):
     finished = {folder.name for folder in _steps(directory).values() if _finished(folder)}
     others = sorted(p.name for p in directory.iterdir()
                     if p.name not in finished and not _is_step_being_written(p))
+    if others and all((directory / name).is_dir() and not any((directory / name).iterdir())
+                      for name in others):
+        raise AlreadyExistsError(f"{directory} holds the empty folder(s) {', '.join(others[:5])}"
+                                 f", which no save wrote into; delete them (a checkpoint "
+                                 f"manager would take them for old steps), or give the "
+                                 f"checkpoints a fresh folder")
     if others:
         more = f" and {len(others) - 5} more" if len(others) > 5 else ""
         raise AlreadyExistsError(f"{directory} holds {', '.join(others[:5])}{more}, which are "
@@ -322,8 +316,8 @@ def checkpoint_manager(directory: str | os.PathLike, max_to_keep: int | None = 3
     seconds a save may wait for the other processes of a job before it fails (default: Orbax's
     20 minutes). Close it when done, best with ``with checkpoint_manager(...) as manager:``."""
     directory = _check_directory(directory)
-    _check_count("max_to_keep", max_to_keep, 1, allow_none=True)
-    _check_count("timeout", timeout, 1, allow_none=True)
+    check.integer(1, none=True, max_to_keep=max_to_keep)
+    check.integer(1, none=True, timeout=timeout)
     for name, flag in [("create", create), ("read_only", read_only)]:
         if not isinstance(flag, bool):
             raise InputError(f"{name} must be True or False, got {flag!r}")
@@ -351,14 +345,6 @@ def saved_steps(directory: str | os.PathLike) -> list[int]:
         return sorted(step for step, folder in _steps(directory).items() if _finished(folder))
 
 
-def _check_tree(state, what):
-    leaves = jax.tree.leaves(state)
-    if not leaves:
-        raise InputError(f"{what} holds no arrays ({state!r}); pass a pytree of arrays, e.g. "
-                         f"the train state of d2l.sharded_train_state")
-    return leaves
-
-
 def save_checkpoint(manager: ocp.CheckpointManager, step: int, state: Any,
                     data_iter: grain.DatasetIterator | None = None) -> bool:
     """Save ``state`` (and where the Grain iterator ``data_iter`` is) as ``step``, in the
@@ -366,8 +352,8 @@ def save_checkpoint(manager: ocp.CheckpointManager, step: int, state: Any,
     if not isinstance(manager, ocp.CheckpointManager):
         raise InputError(f"manager must be an Orbax CheckpointManager (d2l.checkpoint_manager), "
                          f"got {type(manager).__name__}")
-    _check_count("step", step, 0)
-    _check_tree(state, "state")
+    check.integer(0, step=step)
+    check.tree(state, "state")
     if data_iter is not None and not hasattr(data_iter, "get_state"):
         raise InputError(f"data_iter must be a Grain iterator (with get_state), got "
                          f"{type(data_iter).__name__}; pass iter(loader), or None")
@@ -389,7 +375,6 @@ def save_checkpoint(manager: ocp.CheckpointManager, step: int, state: Any,
 
 
 def _check_room(directory, step, state):
-    """Raise OSError unless the disk holding ``directory`` has room for ``state``'s arrays."""
     need = sum(int(np.prod(np.shape(x))) * np.dtype(x.dtype).itemsize
                for x in jax.tree.leaves(state))
     free = shutil.disk_usage(_nearest_existing(pathlib.Path(directory))).free
@@ -423,8 +408,6 @@ def _by_path(tree):
 
 
 def _check_fits(saved, target, where):
-    """Raise a ValueError naming the arrays whose paths, shapes or dtypes differ between the
-    saved arrays (Orbax's metadata) and the restore target."""
     saved, target = _by_path(saved), _by_path(target)
     common = sorted(saved.keys() & target.keys())
     shapes = [f"{k}: saved {tuple(saved[k].shape)}, the model has {tuple(target[k].shape)}"
@@ -448,8 +431,8 @@ def _check_fits(saved, target, where):
 
 
 def _target(target):
-    """``target`` with NumPy scalars as 0-d arrays; a ValueError names any leaf Orbax cannot
-    restore into and any layout that does not tile its array."""
+    """``target`` with NumPy scalars as 0-d arrays, refusing leaves and layouts Orbax cannot
+    restore into."""
     if target is None or not jax.tree.leaves(target):
         raise InputError(f"target holds no arrays ({target!r}); pass the shapes, dtypes and "
                          f"layouts to restore into, e.g. d2l.abstract_like(state, mesh, specs)")
@@ -472,7 +455,6 @@ def _target(target):
 
 
 def _check_readable(path, recursive=True):
-    """Raise PermissionError naming the first file or folder under ``path`` we cannot read."""
     paths = [str(path)]
     if recursive:
         for root, dirs, files in os.walk(path):
@@ -508,10 +490,8 @@ def _damaged(where, why, steps):
 
 
 def _not_json(error, where):
-    """The file under ``where`` whose text Orbax, TensorStore or Grain failed to parse as
-    JSON, as a path relative to ``where`` (``'a metadata file'`` if it cannot be told), or
-    None if ``error`` is no such failure. The file is the one TensorStore names, or the one
-    holding the text a ``json.JSONDecodeError`` quotes."""
+    """The file under ``where`` (relative to it) that Orbax, TensorStore or Grain failed to
+    parse as JSON (``'a metadata file'`` if it cannot be told), or None."""
     for x in _chain(error):
         named = re.search(r'"([^"]+)": Invalid JSON', str(x))  # TensorStore's message
         if named:
@@ -527,9 +507,8 @@ def _not_json(error, where):
 
 
 def _restore_failure(e, where, steps):
-    """The error that says why reading ``where`` failed. Permissions and layouts were checked
-    before reading, so it is no permission or no memory (by the exception's type or status
-    code), a metadata file that is not JSON, or else a damaged checkpoint."""
+    """The error that says why reading ``where`` failed: no permission, no memory, a metadata
+    file that is not JSON, or else a damaged checkpoint."""
     chain = _chain(e)
     codes = {_status(x) for x in chain}
     detail = f"{type(e).__name__}: {str(e)[:200]}"
@@ -603,7 +582,7 @@ def restore_checkpoint(directory: str | os.PathLike, target: Any, step: int | No
     """
     directory = _check_directory(directory)
     target = _target(target)
-    _check_count("step", step, 0, allow_none=True)
+    check.integer(0, none=True, step=step)
     if data_iter is not None and not hasattr(data_iter, "set_state"):
         raise InputError(f"data_iter must be a Grain iterator (with set_state), got "
                          f"{type(data_iter).__name__}; pass iter(loader), or None")
@@ -677,11 +656,9 @@ def train_steps(state: dict[str, Any], train_step: Callable[..., Any],
     ``save_every`` steps save the state with ``manager`` (and, if ``batches`` is a Grain
     iterator, its position), after checking that the loss and the state are finite. Returns the
     new state and the losses."""
-    if not isinstance(mesh, Mesh):
-        raise InputError(f"mesh must be a jax.sharding.Mesh (e.g. d2l.device_mesh((4, 2))), got "
-                         f"{type(mesh).__name__}")
-    _check_count("num_steps", num_steps, 0)
-    _check_count("save_every", save_every, 0)
+    check.mesh(mesh)
+    check.integer(0, num_steps=num_steps)
+    check.integer(0, save_every=save_every)
     if not callable(train_step) or not hasattr(batches, "__next__"):
         raise InputError("train_step must be a function (d2l.make_train_step) and batches an "
                          "iterator: pass iter(loader), not the loader")

@@ -49,7 +49,3 @@ class AlreadyExistsError(PathError, FileExistsError):
 
 class NoAccessError(PathError, PermissionError):
     """A file or folder this process may not read or write."""
-
-
-class InUseError(PathError, BlockingIOError):
-    """A folder another run is using."""

@@ -144,8 +144,7 @@ def collective_ops(hlo_text: str) -> list:
     return ops
 
 
-def _check_hlo_text(hlo_text, *args, **kwargs):
-    """Raise an InputError unless ``hlo_text`` is HLO text (a string), not a compiled program."""
+def _check_hlo_text(hlo_text: str) -> None:
     if not isinstance(hlo_text, str):
         raise InputError(f"HLO text is needed, not a {type(hlo_text).__name__}: "
                         f"pass f.lower(*args).compile().as_text()")

@@ -3,9 +3,12 @@ model's parameters to the axes of a device mesh; check them, create the model
 directly in its sharded layout (or only its abstract state), and count the
 bytes each device holds."""
 import contextlib
+from collections.abc import Callable
+from typing import Any
 
 import jax
 from flax import nnx
+from jax.sharding import Mesh
 from jax.sharding import PartitionSpec as P
 
 from . import _checks as check
@@ -13,7 +16,6 @@ from .errors import InputError
 
 
 def _check_rules(rules, mesh):
-    """Check that each rule maps a logical name to None or to mesh axes."""
     for logical, target in rules.items():
         axes = target if isinstance(target, tuple) else (target,)
         missing = [a for a in axes
@@ -27,9 +29,6 @@ def _check_rules(rules, mesh):
 
 
 def _check_layout(state, rules, mesh):
-    """Check ``rules`` (``_check_rules``), that every logical axis name on
-    ``state``'s variables has a rule and that every dimension splits evenly over
-    the mesh axes its rule names."""
     _check_rules(rules, mesh)
     flat = jax.tree_util.tree_leaves_with_path(
         state, is_leaf=lambda x: isinstance(x, nnx.Variable))
@@ -84,20 +83,30 @@ def bytes_per_device(tree):
     return held
 
 
-def _check_model_layout(model_fn, mesh, rules):
-    """Check ``rules`` against ``mesh`` and the layout of ``model_fn()``'s state
-    (``_check_layout``), from shapes alone: what ``abstract_state`` and
-    ``create_sharded`` refuse before they build anything."""
+Rules = dict[str, Any]  # logical axis name -> a mesh axis, a tuple of them, or None
+
+
+def _check_model_layout(model_fn: Callable[[], nnx.Module], mesh: Mesh, rules: Rules) -> None:
+    check.mesh(mesh)
     _check_rules(rules, mesh)
     with nnx.use_eager_sharding(False):
         state = nnx.state(nnx.eval_shape(model_fn))
     _check_layout(state, rules, mesh)  # names the parameter and the fix
 
 
-def _check_mesh_rules(mesh, rules):
+def _check_mesh_rules(mesh: Mesh, rules: Rules) -> None:
+    check.mesh(mesh)
+    if not isinstance(rules, dict):
+        raise InputError(f"rules must be a dict of logical axis -> mesh axis, e.g. "
+                         f"{{'batch': 'data'}}, got {rules!r}")
     _check_rules(rules, mesh)
+
+
+def _check_held(tree: Any) -> None:
+    check.tree(tree, "tree")
 
 
 use_sharding = check.validated(use_sharding, _check_mesh_rules)
 abstract_state = check.validated(abstract_state, _check_model_layout)
 create_sharded = check.validated(create_sharded, _check_model_layout)
+bytes_per_device = check.validated(bytes_per_device, _check_held)

@@ -51,9 +51,10 @@ if "JAX_COMPILATION_CACHE_DIR" not in os.environ:  # set before JAX starts; work
     os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")
     os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES", "-1")
 
+import kernel_watchdog  # noqa: E402
+
 import d2l_multi  # noqa: E402
 import d2l_multi.commands.book  # noqa: E402
-import kernel_watchdog  # noqa: E402
 
 d2l_multi.simulate_devices(8)
 kernel_watchdog.install()
@@ -78,9 +79,18 @@ def _full_copies():
     return all(data.find_dataset(name) is not None for name in ("fashion-mnist", "mnist"))
 
 
+# Test files that take more than about 20 s on 2 cores: they build the book, run the benchmark
+# commands, grade a classroom or launch jobs of several processes.
+SLOW_FILES = {"test_benchmark.py", "test_book.py", "test_classroom.py", "test_distributed.py"}
+
+
 def pytest_collection_modifyitems(config, items):
-    """The few tests of the full data sets skip, saying how to provide them, when there is no
-    local copy (the tests never download); everything else runs."""
+    """The notebooks (nbmake) and the slow test files are marked ``slow``, so that
+    ``-m "not slow"`` gives a quick run. The few tests of the full data sets skip, saying how
+    to provide them, when there is no local copy (the tests never download)."""
+    for item in items:
+        if item.path.suffix == ".ipynb" or item.path.name in SLOW_FILES:
+            item.add_marker(pytest.mark.slow)
     if _full_copies():
         return
     skip = pytest.mark.skip(reason="no full local copy of Fashion-MNIST and MNIST: set "

@@ -59,7 +59,8 @@ def test_shard_batch_with_an_axis_the_mesh_lacks(mesh):
 
 
 def test_dimension_not_divisible_by_its_mesh_axis(mesh):
-    with pytest.raises(ValueError, match=r"dimension 1 .*: size 10 .* multiple of 8, e\.g\. 8 or 16"):
+    with pytest.raises(ValueError, match=r"dimension 1 .*: size 10 .* multiple of 8, "
+                       r"e\.g\. 8 or 16"):
         d2l.shard(np.zeros((4, 10)), mesh, P(None, "data"))
 
 
@@ -114,13 +115,11 @@ def test_importing_d2l_multi_does_not_import_keras():
 
 SHOWN = ["allreduce", "replicate", "ring_allreduce", "count_collectives", "make_train_step",
          "make_shard_map_step", "nnx_train_step", "evaluate_nnx", "train_nnx",
-         "cnn_from_linen", "jit_train_step", "keras_train_state", "make_keras_train_step"]
+         "jit_train_step", "keras_train_state", "make_keras_train_step"]
 
 
 def public(name):
-    """The library's name ``name``: the package's, or (not exported) its module's."""
-    from d2l_multi.flax_models import cnn_from_linen
-    return cnn_from_linen if name == "cnn_from_linen" else getattr(d2l, name)
+    return getattr(d2l, name)
 
 
 @pytest.mark.parametrize("name", SHOWN)
@@ -136,6 +135,6 @@ def test_shown_code_holds_no_argument_checks_and_fits_80_columns(name):
 def test_the_validation_layer_keeps_the_shown_function():
     import inspect
     for name in ("allreduce", "replicate", "make_train_step", "make_shard_map_step",
-                 "count_collectives", "train_nnx", "cnn_from_linen"):
+                 "count_collectives", "train_nnx"):
         checked = public(name)
         assert inspect.unwrap(checked) is not checked, f"{name} is not validated"

@@ -10,8 +10,12 @@ import jax
 import pytest
 
 import d2l_multi as d2l
-from d2l_multi.hardware import (choose_devices, describe_machine, machine_line,
-                                set_cpu_compiler_flags, size_cpu_thread_pool)
+from d2l_multi.hardware import (
+    choose_devices,
+    machine_line,
+    set_cpu_compiler_flags,
+    size_cpu_thread_pool,
+)
 
 
 def run_python(code, timeout=120):
@@ -36,7 +40,7 @@ def test_names_are_listed_and_load_on_first_use():
                      "d2l.TransformerLM\nprint('flax' in sys.modules)")
     assert out.split() == ["True", "False", "True"]
     with pytest.raises(AttributeError, match="no attribute 'no_such_name'"):
-        d2l.no_such_name
+        _ = d2l.no_such_name
 
 
 def test_modules_import_in_any_order():
@@ -212,7 +216,7 @@ def test_the_machine_is_described_without_starting_jax():
     """What a timing was measured on (the benchmarks, the book's execution table): CPU, cores,
     load and OS, then the versions, with no JAX backend started."""
     out = run_python("import sys\nfrom d2l_multi.commands import book\n"
-                     "from d2l_multi.hardware import describe_machine\n"
+                     "from d2l_multi.commands.common import describe_machine\n"
                      "print(describe_machine()); print(book.versions())\n"
                      "print(sorted(m for m in ('jax', 'flax') if m in sys.modules))")
     machine, versions, loaded = out.strip().splitlines()

@@ -2,6 +2,19 @@
 import jax
 import numpy as np
 
+
+def cnn_from_linen(params):
+    """An NNX ``d2l.CNN`` holding ``d2l.LinenCNN``'s ``params``, matched by name: the two
+    recipes start from the same parameters."""
+    from flax import nnx
+
+    import d2l_multi as d2l
+    layers = {"conv1": "Conv_0", "conv2": "Conv_1", "dense1": "Dense_0", "dense2": "Dense_1"}
+    model = nnx.eval_shape(lambda: d2l.CNN(rngs=nnx.Rngs(0)))  # no values drawn
+    nnx.update(model, {new: dict(params[old]) for new, old in layers.items()})
+    return model
+
+
 SGD_TOL = dict(rtol=1e-5, atol=1e-6)  # float32 SGD steps whose sums run in another order
 
 

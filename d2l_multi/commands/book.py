@@ -25,12 +25,17 @@ import importlib.util
 import json
 import os
 import pathlib
+import re
 import shutil
 import sys
 import tempfile
 import time
-from ..errors import AlreadyExistsError, InputError, NotFoundError
-from ..hardware import describe_machine, versions
+import urllib.parse
+from collections.abc import Iterable
+
+from ..errors import AlreadyExistsError, InputError, NotFoundError, PathError
+from ..hardware import versions
+from .common import describe_machine
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]  # the checkout, when run from one
 MODES = ("stored", "smoke")  # render the stored outputs; execute copies with the smoke switch
@@ -254,6 +259,33 @@ def compilation_cache_env(folder, environ=None):
     return {name: value for name, value in wanted.items() if name not in environ}
 
 
+LINK = re.compile(r"\]\(\s*<?([^)\s>]+)|<img[^>]*?\ssrc=[\"']([^\"']+)")  # markdown, HTML
+SCHEME = re.compile(r"[a-z][a-z0-9+.-]*:", re.I)  # https:, mailto:, ... (not a file)
+
+
+def check_links(chapters: pathlib.Path, notebooks: Iterable[pathlib.Path]) -> None:
+    """Raise a PathError naming the first link or image in the notebooks' markdown whose path
+    leaves ``chapters`` once resolved (``img/../../x``, an absolute path): Sphinx would copy
+    that file into the book."""
+    root = pathlib.Path(chapters).resolve()
+    for nb in notebooks:
+        try:
+            cells = json.loads(pathlib.Path(nb).read_text(encoding="utf-8"))["cells"]
+        except (ValueError, KeyError, TypeError) as err:
+            raise InputError(f"{nb} is not a notebook ({type(err).__name__}: {err}); the "
+                             f"book takes Jupyter notebooks (.ipynb)") from None
+        for cell in cells:
+            if cell["cell_type"] != "markdown":
+                continue
+            for match in LINK.finditer("".join(cell["source"])):
+                target = urllib.parse.unquote((match[1] or match[2]).split("#")[0])
+                if target and not SCHEME.match(target) and \
+                        not (root / target).resolve().is_relative_to(root):
+                    raise PathError(f"{pathlib.Path(nb).name} links to {target}, which leaves "
+                                    f"{chapters}; the book takes only the files under it: "
+                                    f"link to a copy there, or to a URL")
+
+
 def stage_sources(chapters, dest):
     """Copy ``book/``, ``chapters/*.ipynb`` and ``chapters/img/`` into ``dest``, the Sphinx
     source folder."""
@@ -266,6 +298,7 @@ def stage_sources(chapters, dest):
     if not notebooks:
         raise NotFoundError(f"no notebooks in {paths['chapters']}: the book needs "
                             f"chapters/*.ipynb")
+    check_links(paths["chapters"], notebooks)
     shutil.copytree(paths["conf"], dest, ignore=shutil.ignore_patterns("__pycache__"))
     (dest / "chapters").mkdir()
     for nb in notebooks:
