@@ -229,5 +229,5 @@ def test_without_a_checkout_book_and_classroom_name_the_way_to_pass_notebooks(
 
 def test_a_file_that_is_not_a_notebook_is_named(tmp_path):
     (tmp_path / "a.ipynb").write_text("{}")
-    with pytest.raises(InputError, match="a.ipynb is not a notebook"):
+    with pytest.raises(InputError, match=r"a\.ipynb is not a notebook"):
         book.check_links(tmp_path, [tmp_path / "a.ipynb"])
