@@ -51,7 +51,10 @@ if TYPE_CHECKING:
         keras_assign_state, keras_convnet, keras_train_state, make_keras_train_step,
     )
     from .matmul import ring_bytes, run_sharded
-    from .memory import count_params, saved_activation_bytes, training_memory
+    from .memory import (
+        block_bytes, count_params, gpt_block, gpt_block_params, lm_footprint,
+        saved_activation_bytes, training_memory,
+    )
     from .mixed_precision import (
         allreduce_bytes, lost_updates, make_mixed_precision_step, mixed_loss_fn,
         partitioned_hlo, train_sharded,

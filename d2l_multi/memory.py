@@ -9,6 +9,7 @@ import re
 import jax
 import jax.ad_checkpoint
 import jax.numpy as jnp
+import optax
 from flax import nnx
 
 from .transformer import TransformerLM, lm_loss
@@ -68,6 +69,43 @@ def saved_activation_bytes(f, *args):
     return sum(math.prod(int(n) for n in dims.split(",") if n)
                * int(bits or 8) // 8  # bool has no bits: one byte
                for bits, dims in shapes)
+
+
+def gpt_block(p, x, attention=jax.nn.dot_product_attention):
+    """A GPT-style block on ``x`` of shape (B, T, d): causal self-attention,
+    then an MLP four times as wide, each after a LayerNorm (no scale)."""
+    y = jax.nn.standardize(x)
+    q, k, v = (jnp.einsum("btd,dhc->bthc", y, p[w]) for w in "qkv")
+    a = attention(q, k, v, is_causal=True)
+    x = x + jnp.einsum("bthc,hcd->btd", a, p["o"])
+    return x + jax.nn.gelu(jax.nn.standardize(x) @ p["up"]) @ p["down"]
+
+
+def gpt_block_params(d, h):
+    """The shapes of a ``gpt_block``'s weights: width ``d``, ``h`` heads."""
+    s = lambda *dims: jax.ShapeDtypeStruct(dims, jnp.float32)
+    return {"q": s(d, h, d // h), "k": s(d, h, d // h), "v": s(d, h, d // h),
+            "o": s(h, d // h, d), "up": s(d, 4 * d), "down": s(4 * d, d)}
+
+
+def block_bytes(d, h, T, B, block=gpt_block):
+    """Bytes one block of a stack saves on B sequences of T tokens: two blocks
+    traced less one, so that the block's input counts."""
+    p, x = gpt_block_params(d, h), jax.ShapeDtypeStruct((B, T, d), jnp.float32)
+    one = saved_activation_bytes(lambda p, x: block(p, x).sum(), p, x)
+    two = saved_activation_bytes(lambda p, x: block(p, block(p, x)).sum(), p, x)
+    return two - one
+
+
+def lm_footprint(L, d, h, T, B, V, block=gpt_block):
+    """Parameters and saved-activation bytes of a language model of L blocks
+    on B sequences of T tokens, with a vocabulary of V tokens."""
+    num_params = L * (12 * d * d + 4 * d) + 2 * V * d + T * d + 2 * d
+    W, x = (jax.ShapeDtypeStruct(s, jnp.float32) for s in ((d, V), (B, T, d)))
+    head = lambda W, x, y: optax.softmax_cross_entropy_with_integer_labels(
+        jax.nn.standardize(x) @ W, y).mean()
+    act = saved_activation_bytes(head, W, x, jnp.zeros((B, T), jnp.int32))
+    return num_params, act + L * block_bytes(d, h, T, B, block)
 
 
 def transformer_footprint(num_layers, d_model, num_heads, seq_len, batch_size,
