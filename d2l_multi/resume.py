@@ -4,12 +4,14 @@ the input pipeline's position) every few steps, so that a run can stop and resum
 The shown function carries no argument checks; its public name checks first
 (``check.validated``), so bad input gets a message naming the fix. A state that holds NaN or
 infinity is never saved (``save_checkpoint`` refuses it)."""
+from typing import Any
+
 import jax
-from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+from jax.sharding import NamedSharding
+from jax.sharding import PartitionSpec as P
 
 from . import _checks as check
 from ._earlier import resume as d2l
-from .checkpoint import _check_count
 from .errors import InputError
 
 
@@ -33,14 +35,12 @@ def train_steps(state, train_step, batches, mesh, num_steps, manager=None,
     return state, [float(loss) for loss in losses]
 
 
-def _check_train_steps(state, train_step, batches, mesh, num_steps, manager=None,
-                       save_every=0):
+def _check_train_steps(state: Any, train_step: Any, batches: Any, mesh: Any,
+                       num_steps: int, manager: Any = None, save_every: int = 0) -> None:
     """Refuse a bad mesh, count, step function or iterator, and saves without a manager."""
-    if not isinstance(mesh, Mesh):
-        raise InputError(f"mesh must be a jax.sharding.Mesh (e.g. d2l.device_mesh((4, 2))), got "
-                         f"{type(mesh).__name__}")
-    _check_count("num_steps", num_steps, 0)
-    _check_count("save_every", save_every, 0)
+    check.mesh(mesh)
+    check.integer(0, num_steps=num_steps)
+    check.integer(0, save_every=save_every)
     if not callable(train_step) or not hasattr(batches, "__next__"):
         raise InputError("train_step must be a function (d2l.make_train_step) and batches an "
                          "iterator: pass iter(loader), not the loader")
@@ -50,8 +50,6 @@ def _check_train_steps(state, train_step, batches, mesh, num_steps, manager=None
     if "data" not in mesh.axis_names:
         raise InputError(f"mesh must have an axis 'data' to split the batches over, got the "
                          f"axes {mesh.axis_names}")
-
-
 
 
 train_steps = check.validated(train_steps, _check_train_steps)
