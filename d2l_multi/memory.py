@@ -12,11 +12,9 @@ import jax
 import jax.ad_checkpoint
 import jax.numpy as jnp
 import optax
-from flax import nnx
 
 from . import _checks as check
 from .errors import InputError
-from .transformer import TransformerLM, lm_loss
 
 OPTIMIZER_STATE_COPIES = {"sgd": 0, "momentum": 1, "adam": 2}  # per parameter
 
@@ -108,34 +106,6 @@ def lm_footprint(L, d, h, T, B, V, block=gpt_block):
     return num_params, act + L * block_bytes(d, h, T, B, block)
 
 
-def transformer_footprint(num_layers, d_model, num_heads, seq_len, batch_size,
-                          vocab_size, remat=False):
-    """Parameters and saved-activation bytes of a ``TransformerLM`` on a batch,
-    from shapes alone: one and two blocks are traced, the rest extrapolated."""
-
-    def measure(layers, remat):
-        with nnx.use_eager_sharding(False):  # shapes only: no arrays, no mesh
-            model = nnx.eval_shape(lambda: TransformerLM(
-                vocab_size, seq_len, d_model, num_heads, layers, remat=remat,
-                rngs=nnx.Rngs(0)))
-        tokens = jax.ShapeDtypeStruct((batch_size, seq_len), jnp.int32)
-        return (count_params(model),
-                saved_activation_bytes(lm_loss, model, tokens, tokens))
-
-    (params1, act1), (params2, act2) = measure(1, remat), measure(2, remat)
-    activations = act1 + (num_layers - 1) * (act2 - act1)
-    if remat:  # plus the activations of the one block being recomputed
-        activations += measure(2, False)[1] - measure(1, False)[1]
-    return params1 + (num_layers - 1) * (params2 - params1), activations
-
-
-def _check_transformer_footprint(num_layers: int, d_model: int, num_heads: int,
-                                 seq_len: int, batch_size: int, vocab_size: int,
-                                 remat: bool = False) -> None:
-    """Raise a ValueError unless the layers and the batch size are > 0."""
-    check.positive(num_layers=num_layers, batch_size=batch_size)
-
-
 def _check_count(tree: Any) -> None:
     check.tree(tree, "tree")
 
@@ -145,7 +115,33 @@ def _check_saved(f: Callable[..., Any], *args: Any) -> None:
         raise InputError(f"f must be the function to differentiate, got {f!r}")
 
 
-transformer_footprint = check.validated(transformer_footprint,
-                                        _check_transformer_footprint)
 count_params = check.validated(count_params, _check_count)
 saved_activation_bytes = check.validated(saved_activation_bytes, _check_saved)
+
+
+def _check_gpt_block(p: dict[str, Any], x: Any,
+                     attention: Callable[..., Any] = jax.nn.dot_product_attention) -> None:
+    check.tree(p, "p")
+
+
+def _check_gpt_block_params(d: int, h: int) -> None:
+    check.positive(d=d, h=h)
+    check.divisible(d, h, "width d", "heads h")
+
+
+def _check_block_bytes(d: int, h: int, T: int, B: int,
+                       block: Callable[..., Any] = gpt_block) -> None:
+    _check_gpt_block_params(d, h)
+    check.positive(T=T, B=B)
+
+
+def _check_lm_footprint(L: int, d: int, h: int, T: int, B: int, V: int,
+                        block: Callable[..., Any] = gpt_block) -> None:
+    _check_block_bytes(d, h, T, B)
+    check.positive(L=L, V=V)
+
+
+lm_footprint = check.validated(lm_footprint, _check_lm_footprint)
+block_bytes = check.validated(block_bytes, _check_block_bytes)
+gpt_block_params = check.validated(gpt_block_params, _check_gpt_block_params)
+gpt_block = check.validated(gpt_block, _check_gpt_block)
