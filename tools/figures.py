@@ -434,23 +434,23 @@ def memory_per_device():
 
 
 def megatron_mlp():
-    """Tensor parallelism in the MLP on 2 devices: columns of A, rows of B, one all-reduce."""
+    """Tensor parallelism in the MLP on 2 devices: columns of W1, rows of W2, one allreduce."""
     fig, ax = canvas(8.4, 2.9)
-    ax.text(4.2, 2.7, "MLP  y = GELU(x A) B  on 2 devices (tensor parallelism)", ha="center",
+    ax.text(4.2, 2.7, "MLP  y = GELU(x W1) W2  on 2 devices (tensor parallelism)", ha="center",
             size=10, weight="bold")
     for d in range(2):
         y = 1.45 - d * 1.05
         box(ax, 0.2, y, 0.9, 0.7, "x\n(whole)", face=GREY, size=8)
-        box(ax, 1.5, y, 1.1, 0.7, f"A, columns\nhalf {d + 1}", face=LIGHT[d], size=8)
-        box(ax, 3.0, y, 1.2, 0.7, f"GELU(x A{d + 1})\nhidden half", face=LIGHT[d], size=8)
-        box(ax, 4.6, y, 1.1, 0.7, f"B, rows\nhalf {d + 1}", face=LIGHT[d], size=8)
+        box(ax, 1.5, y, 1.1, 0.7, f"W1, columns\nhalf {d + 1}", face=LIGHT[d], size=8)
+        box(ax, 3.0, y, 1.2, 0.7, f"GELU(x W1,{d + 1})\nhidden half", face=LIGHT[d], size=8)
+        box(ax, 4.6, y, 1.1, 0.7, f"W2, rows\nhalf {d + 1}", face=LIGHT[d], size=8)
         box(ax, 6.1, y, 0.9, 0.7, f"partial\nsum y{d + 1}", face=DEVICE[d], color="white",
             size=8)
         for a, b in ((1.1, 1.5), (2.6, 3.0), (4.2, 4.6), (5.7, 6.1)):
             arrow(ax, (a, y + 0.35), (b, y + 0.35))
         ax.text(0.05, y + 0.35, f"device {d}", rotation=90, va="center", ha="center", size=8,
                 color=DEVICE[d])
-    box(ax, 7.35, 0.6, 0.95, 1.3, "all-reduce\ny = y1 + y2", face="#FFF2CC", size=8)
+    box(ax, 7.35, 0.6, 0.95, 1.3, "allreduce\ny = y1 + y2", face="#FFF2CC", size=8)
     arrow(ax, (7.0, 1.8), (7.35, 1.5))
     arrow(ax, (7.0, 0.75), (7.35, 1.0))
     save(fig, "megatron_mlp")
