@@ -28,7 +28,7 @@ from .data import FashionMNIST, load_data_fashion_mnist
 if TYPE_CHECKING:
     from .checkpoint import (
         abstract_like, checkpoint_manager, lenet_specs, restore_checkpoint, save_checkpoint,
-        saved_steps, sharded_train_state, state_specs, train_steps, wait_for_saves,
+        saved_steps, sharded_train_state, state_specs, wait_for_saves,
     )
     from .collectives import allreduce, replicate, ring_allreduce, unreplicate
     from .concise import count_collectives, make_shard_map_step, make_train_step, shard, shard_batch
@@ -51,7 +51,10 @@ if TYPE_CHECKING:
         keras_assign_state, keras_convnet, keras_train_state, make_keras_train_step,
     )
     from .matmul import ring_bytes, run_sharded
-    from .memory import count_params, saved_activation_bytes, training_memory
+    from .memory import (
+        block_bytes, count_params, gpt_block, gpt_block_params, lm_footprint,
+        saved_activation_bytes, training_memory,
+    )
     from .mixed_precision import (
         allreduce_bytes, lost_updates, make_mixed_precision_step, mixed_loss_fn,
         partitioned_hlo, train_sharded,
@@ -66,6 +69,7 @@ if TYPE_CHECKING:
         pipeline_schedule, pipeline_step, residual_mlp, show_schedule, stage_pass,
         stage_program,
     )
+    from .resume import train_steps
     from .schedule import async_pairs, collective_slack, hlo_schedule, plot_schedule, PLUMBING
     from .sharding import abstract_state, bytes_per_device, create_sharded, use_sharding
     from .stacked_ensemble import create_stacked_ensemble, map_members, stacked_train_step

@@ -11,7 +11,6 @@ or a save until ``wait_for_saves``); importing the module changes no logger and 
 import contextlib
 import json
 import logging
-import math
 import os
 import pathlib
 import re
@@ -20,7 +19,6 @@ import sys
 import threading
 import traceback
 import weakref
-from collections.abc import Callable, Iterator
 from typing import Any
 
 import grain
@@ -33,11 +31,9 @@ from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from . import _checks as check
-from .concise import shard_batch
 from .errors import (
     AlreadyExistsError,
     CheckpointError,
-    DivergedError,
     InputError,
     NoAccessError,
     NotAFolderError,
@@ -348,20 +344,26 @@ def saved_steps(directory: str | os.PathLike) -> list[int]:
 def save_checkpoint(manager: ocp.CheckpointManager, step: int, state: Any,
                     data_iter: grain.DatasetIterator | None = None) -> bool:
     """Save ``state`` (and where the Grain iterator ``data_iter`` is) as ``step``, in the
-    background: call ``wait_for_saves(manager)`` before relying on it."""
+    background: call ``wait_for_saves(manager)`` before relying on it. A plain iterator as
+    ``data_iter`` has no position to save: only the state is saved. A state that holds NaN or
+    infinity is refused (a DivergedError naming its arrays), never saved."""
     if not isinstance(manager, ocp.CheckpointManager):
         raise InputError(f"manager must be an Orbax CheckpointManager (d2l.checkpoint_manager), "
                          f"got {type(manager).__name__}")
     check.integer(0, step=step)
     check.tree(state, "state")
-    if data_iter is not None and not hasattr(data_iter, "get_state"):
+    if data_iter is not None and not (hasattr(data_iter, "get_state") or
+                                      hasattr(data_iter, "__next__")):
         raise InputError(f"data_iter must be a Grain iterator (with get_state), got "
                          f"{type(data_iter).__name__}; pass iter(loader), or None")
+    if not hasattr(data_iter, "get_state"):  # a plain iterator has no position to save
+        data_iter = None
     latest = manager.latest_step()
     if latest is not None and step <= latest:
         raise InputError(f"step {step} is not after the latest saved step {latest} in "
                          f"{manager.directory}, and Orbax saves only increasing steps; pass a "
                          f"step > {latest}, or save into a fresh folder")
+    check.finite(state, f"the state of step {step}")  # a diverged run is not worth resuming
     _check_room(manager.directory, step, state)
     items = {"state": ocp.args.StandardSave(state)}
     if data_iter is not None:
@@ -647,38 +649,3 @@ def _restore(directory, target, step, data_iter):
                 raise _restore_failure(e, where, others) from e
     return state
 
-
-def train_steps(state: dict[str, Any], train_step: Callable[..., Any],
-                batches: Iterator[tuple[Any, Any]], mesh: Mesh, num_steps: int,
-                manager: ocp.CheckpointManager | None = None,
-                save_every: int = 0) -> tuple[dict[str, Any], list[float]]:
-    """Take ``num_steps`` steps from ``state`` on batches from the iterator ``batches``; every
-    ``save_every`` steps save the state with ``manager`` (and, if ``batches`` is a Grain
-    iterator, its position), after checking that the loss and the state are finite. Returns the
-    new state and the losses."""
-    check.mesh(mesh)
-    check.integer(0, num_steps=num_steps)
-    check.integer(0, save_every=save_every)
-    if not callable(train_step) or not hasattr(batches, "__next__"):
-        raise InputError("train_step must be a function (d2l.make_train_step) and batches an "
-                         "iterator: pass iter(loader), not the loader")
-    if save_every and manager is None:
-        raise InputError(f"save_every={save_every} needs a manager to save with; pass "
-                         f"manager=d2l.checkpoint_manager(directory), or save_every=0")
-    start, losses = int(state["step"]), []
-    for i in range(num_steps):
-        X, y = next(batches)
-        params, opt_state, loss = train_step(state["params"], state["opt_state"],
-                                             *shard_batch(X, y, mesh))
-        state = {"params": params, "opt_state": opt_state, "step": state["step"] + 1}
-        losses.append(loss)
-        if manager is not None and save_every and (start + i + 1) % save_every == 0:
-            if not math.isfinite(float(loss)):
-                raise DivergedError(f"the loss became {float(loss)} at step {start + i + 1};"
-                                         f" not saving it. Lower the learning rate")
-            check.finite(state, f"the state of step {start + i + 1}")
-            save_checkpoint(manager, start + i + 1, state,
-                            batches if hasattr(batches, "get_state") else None)
-    if manager is not None:
-        wait_for_saves(manager)
-    return state, [float(loss) for loss in losses]

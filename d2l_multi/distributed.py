@@ -300,18 +300,18 @@ def initialize_distributed(heartbeat_timeout: int | None = None,
         jax.distributed.initialize(**timeouts)
         assert_device_counts()
         return jax.process_index(), jax.process_count()
-    k, pid, address = (settings["devices_per_process"], settings["process_id"],
+    D, pid, address = (settings["devices_per_process"], settings["process_id"],
                        settings["coordinator_address"])
     if os.environ.get("JAX_PLATFORMS", "").strip() != "cpu":
-        _check_gpu_ids(pid, k, _gpus_here())
+        _check_gpu_ids(pid, D, _gpus_here())
     if pid == 0 and (taken := _port_in_use(address)):
         raise taken
     jax.distributed.initialize(
         address, settings["num_processes"], pid,
-        local_device_ids=list(range(pid * k, (pid + 1) * k)),  # GPUs p*k..p*k+k-1
+        local_device_ids=list(range(pid * D, (pid + 1) * D)),  # GPUs q*D..q*D+D-1
         initialization_timeout=60, coordinator_bind_address=address,  # loopback only
         **timeouts)
-    assert_device_counts(k)
+    assert_device_counts(D)
     _check_members(settings["secret"])
     return jax.process_index(), jax.process_count()
 
@@ -332,18 +332,18 @@ def _check_process_batches(X: ArrayLike, y: ArrayLike, batch_size: int, shuffle:
 
 def process_batches(X, y, batch_size, shuffle=False, seed=0, epoch=0):
     """Yield this process's rows ``(X, y, weight)`` of every global batch."""
-    n, num_processes, p = len(X), jax.process_count(), jax.process_index()
+    num_processes, q = jax.process_count(), jax.process_index()  # this is q
     if shuffle:  # the same order in every process: it depends on (seed, epoch)
-        order = np.random.default_rng((seed, epoch)).permutation(n)
-        order = order[:n - n % batch_size]  # training: drop a partial batch
+        order = np.random.default_rng((seed, epoch)).permutation(len(X))
+        order = order[:len(X) - len(X) % batch_size]  # drop a partial batch
     else:
-        order = np.arange(n)
+        order = np.arange(len(X))
     pad = -len(order) % batch_size  # evaluation: pad it with rows of weight 0
     weight = np.pad(np.ones(len(order), np.float32), (0, pad))
     order = np.pad(order, (0, pad))
     local = batch_size // num_processes
     for start in range(0, len(order), batch_size):
-        rows = slice(start + p * local, start + (p + 1) * local)
+        rows = slice(start + q * local, start + (q + 1) * local)
         yield X[order[rows]], y[order[rows]], weight[rows]
 
 

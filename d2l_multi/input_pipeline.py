@@ -84,7 +84,7 @@ def _check_loader_inputs(num_records, count, batch_size, seed, num_epochs):
 def grain_loader(source, batch_size, seed=0, num_epochs=None,
                  shard_options=None):
     """This process's batches of ``source``, reshuffled every epoch."""
-    if shard_options is None:  # process p of P reads records p, p + P, ...
+    if shard_options is None:  # process q of P reads records q, q + P, ...
         shard_options = grain.sharding.ShardByJaxProcess(drop_remainder=True)
     count, index = shard_options.shard_count, shard_options.shard_index
     stop = (len(source) - len(source) % count  # equal shards: drop the rest

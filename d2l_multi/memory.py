@@ -11,6 +11,7 @@ from typing import Any
 import jax
 import jax.ad_checkpoint
 import jax.numpy as jnp
+import optax
 
 from . import _checks as check
 from .errors import InputError
@@ -65,6 +66,43 @@ def saved_activation_bytes(f, *args):
                for bits, dims in shapes)
 
 
+def gpt_block(p, x, attention=jax.nn.dot_product_attention):
+    """A GPT-style block on ``x`` of shape (B, T, d): causal self-attention,
+    then an MLP four times as wide, each after a LayerNorm (no scale)."""
+    y = jax.nn.standardize(x)
+    q, k, v = (jnp.einsum("btd,dhc->bthc", y, p[w]) for w in "qkv")
+    a = attention(q, k, v, is_causal=True)
+    x = x + jnp.einsum("bthc,hcd->btd", a, p["o"])
+    return x + jax.nn.gelu(jax.nn.standardize(x) @ p["up"]) @ p["down"]
+
+
+def gpt_block_params(d, h):
+    """The shapes of a ``gpt_block``'s weights: width ``d``, ``h`` heads."""
+    s = lambda *dims: jax.ShapeDtypeStruct(dims, jnp.float32)
+    return {"q": s(d, h, d // h), "k": s(d, h, d // h), "v": s(d, h, d // h),
+            "o": s(h, d // h, d), "up": s(d, 4 * d), "down": s(4 * d, d)}
+
+
+def block_bytes(d, h, T, B, block=gpt_block):
+    """Bytes one block of a stack saves on B sequences of T tokens: two blocks
+    traced less one, so that the block's input counts."""
+    p, x = gpt_block_params(d, h), jax.ShapeDtypeStruct((B, T, d), jnp.float32)
+    one = saved_activation_bytes(lambda p, x: block(p, x).sum(), p, x)
+    two = saved_activation_bytes(lambda p, x: block(p, block(p, x)).sum(), p, x)
+    return two - one
+
+
+def lm_footprint(L, d, h, T, B, V, block=gpt_block):
+    """Parameters and saved-activation bytes of a language model of L blocks
+    on B sequences of T tokens, with a vocabulary of V tokens."""
+    num_params = L * (12 * d * d + 4 * d) + 2 * V * d + T * d + 2 * d
+    W, x = (jax.ShapeDtypeStruct(s, jnp.float32) for s in ((d, V), (B, T, d)))
+    head = lambda W, x, y: optax.softmax_cross_entropy_with_integer_labels(
+        jax.nn.standardize(x) @ W, y).mean()
+    act = saved_activation_bytes(head, W, x, jnp.zeros((B, T), jnp.int32))
+    return num_params, act + L * block_bytes(d, h, T, B, block)
+
+
 def _check_count(tree: Any) -> None:
     check.tree(tree, "tree")
 
@@ -76,3 +114,31 @@ def _check_saved(f: Callable[..., Any], *args: Any) -> None:
 
 count_params = check.validated(count_params, _check_count)
 saved_activation_bytes = check.validated(saved_activation_bytes, _check_saved)
+
+
+def _check_gpt_block(p: dict[str, Any], x: Any,
+                     attention: Callable[..., Any] = jax.nn.dot_product_attention) -> None:
+    check.tree(p, "p")
+
+
+def _check_gpt_block_params(d: int, h: int) -> None:
+    check.positive(d=d, h=h)
+    check.divisible(d, h, "width d", "heads h")
+
+
+def _check_block_bytes(d: int, h: int, T: int, B: int,
+                       block: Callable[..., Any] = gpt_block) -> None:
+    _check_gpt_block_params(d, h)
+    check.positive(T=T, B=B)
+
+
+def _check_lm_footprint(L: int, d: int, h: int, T: int, B: int, V: int,
+                        block: Callable[..., Any] = gpt_block) -> None:
+    _check_block_bytes(d, h, T, B)
+    check.positive(L=L, V=V)
+
+
+lm_footprint = check.validated(lm_footprint, _check_lm_footprint)
+block_bytes = check.validated(block_bytes, _check_block_bytes)
+gpt_block_params = check.validated(gpt_block_params, _check_gpt_block_params)
+gpt_block = check.validated(gpt_block, _check_gpt_block)

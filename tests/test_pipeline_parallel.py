@@ -147,7 +147,7 @@ def test_constants_in_the_notebook_equal_the_library():
     import ast
     import json
     import pathlib
-    nb = pathlib.Path(__file__).resolve().parent.parent / "chapters/09d_pipeline_parallelism.ipynb"
+    nb = pathlib.Path(__file__).resolve().parent.parent / "chapters/09e_pipeline_parallelism.ipynb"
     names = {}
     for cell in json.loads(nb.read_text())["cells"]:
         src = "".join(cell["source"])

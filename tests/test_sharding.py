@@ -217,6 +217,16 @@ def test_count_params_of_lenet():
                                         + 800 * 128 + 128 + 128 * 10 + 10)
 
 
+@pytest.mark.parametrize("layers,d,heads,T,V", [(2, 64, 8, 32, 48), (3, 40, 4, 7, 100)])
+def test_lm_footprint_counts_the_parameters_of_the_model(layers, d, heads, T, V):
+    with nnx.use_eager_sharding(False):
+        model = nnx.eval_shape(lambda: d2l.TransformerLM(V, T, d, heads, layers,
+                                                         rngs=nnx.Rngs(0)))
+    n = d2l.count_params(nnx.state(model, nnx.Param))
+    assert n == layers * (12 * d * d + 4 * d) + 2 * V * d + T * d + 2 * d  # the notebook's N
+    assert d2l.lm_footprint(layers, d, heads, T, 4, V)[0] == n
+
+
 def test_saved_activation_bytes_counts_residuals_not_arguments():
     W, V, x = jnp.ones((3, 5)), jnp.ones((5, 2)), jnp.ones((4, 3))
     assert d2l.saved_activation_bytes(lambda W, x: jnp.sum(x @ W), W, x) == 0
@@ -229,6 +239,39 @@ def test_saved_activation_bytes_counts_residuals_not_arguments():
     assert d2l.saved_activation_bytes(two, *abstract) == 2 * 4 * 5 * 2
     relu = lambda W, x: jnp.sum(jax.nn.relu(x @ W))  # keeps a boolean mask: 1 byte a value
     assert d2l.saved_activation_bytes(relu, W, x) >= 4 * 5
+
+
+def _traced_activations(L, d, h, T, B, V, block=d2l.gpt_block):
+    """The bytes a stack of L blocks and the language-model head save, traced whole."""
+    p = d2l.gpt_block_params(d, h)
+    W, x = (jax.ShapeDtypeStruct(s, jnp.float32) for s in ((d, V), (B, T, d)))
+
+    def loss(p, W, x, y):
+        for _ in range(L):
+            x = block(p, x)
+        logits = jax.nn.standardize(x) @ W
+        return optax.softmax_cross_entropy_with_integer_labels(logits, y).mean()
+    return d2l.saved_activation_bytes(loss, p, W, x, jnp.zeros((B, T), jnp.int32))
+
+
+def test_lm_footprint_extrapolates_exactly():
+    size = (4, 32, 4, 16, 4, 16)
+    assert d2l.lm_footprint(*size)[1] == _traced_activations(*size)
+
+
+def test_rematerialisation_keeps_the_block_inputs():
+    size = (4, 32, 4, 64, 4, 16)
+    block = jax.checkpoint(d2l.gpt_block)
+    remat = d2l.lm_footprint(*size, block=block)[1]
+    assert _traced_activations(*size, block=block) <= remat  # + at most one block input
+    assert remat - _traced_activations(*size, block=block) <= 4 * 64 * 32 * 4
+    assert remat < d2l.lm_footprint(*size)[1] / 2
+
+
+def test_activations_grow_with_the_batch_and_faster_than_the_sequence():
+    base = d2l.lm_footprint(2, 64, 8, 32, 16, 48)[1]
+    assert d2l.lm_footprint(2, 64, 8, 32, 32, 48)[1] == pytest.approx(2 * base, rel=0.01)
+    assert d2l.lm_footprint(2, 64, 8, 64, 16, 48)[1] > 2.2 * base  # attention: T^2
 
 
 def test_training_memory_adds_the_four_parts():
@@ -245,6 +288,8 @@ def test_training_memory_adds_the_four_parts():
         d2l.training_memory(1000, param_shards=0)
     with pytest.raises(ValueError, match="activation_bytes"):
         d2l.training_memory(1000, activation_bytes=-1)
+    with pytest.raises(ValueError, match="L must be"):
+        d2l.lm_footprint(0, 64, 8, 32, 16, 48)
 
 
 # --- the notebooks define the constants they use ----------------------------------------------
@@ -279,8 +324,9 @@ def test_constants_in_the_notebooks_equal_the_library():
 
 # --- bad input ------------------------------------------------------------------------------
 
-@pytest.mark.parametrize("name", ["training_memory", "use_sharding", "abstract_state",
-                                  "create_sharded", "sharding_rules", "reshard", "shard_tokens"])
+@pytest.mark.parametrize("name", ["training_memory", "lm_footprint",
+                                  "use_sharding", "abstract_state", "create_sharded",
+                                  "sharding_rules", "reshard", "shard_tokens"])
 def test_the_public_name_checks_then_runs_the_shown_function(name):
     """The chapter shows these functions without argument checks; the library's public
     names check first (check.validated), so bad input still gets a clear message."""

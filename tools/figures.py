@@ -434,23 +434,23 @@ def memory_per_device():
 
 
 def megatron_mlp():
-    """Tensor parallelism in the MLP on 2 devices: columns of A, rows of B, one all-reduce."""
+    """Tensor parallelism in the MLP on 2 devices: columns of W1, rows of W2, one allreduce."""
     fig, ax = canvas(8.4, 2.9)
-    ax.text(4.2, 2.7, "MLP  y = GELU(x A) B  on 2 devices (tensor parallelism)", ha="center",
+    ax.text(4.2, 2.7, "MLP  y = GELU(x W1) W2  on 2 devices (tensor parallelism)", ha="center",
             size=10, weight="bold")
     for d in range(2):
         y = 1.45 - d * 1.05
         box(ax, 0.2, y, 0.9, 0.7, "x\n(whole)", face=GREY, size=8)
-        box(ax, 1.5, y, 1.1, 0.7, f"A, columns\nhalf {d + 1}", face=LIGHT[d], size=8)
-        box(ax, 3.0, y, 1.2, 0.7, f"GELU(x A{d + 1})\nhidden half", face=LIGHT[d], size=8)
-        box(ax, 4.6, y, 1.1, 0.7, f"B, rows\nhalf {d + 1}", face=LIGHT[d], size=8)
+        box(ax, 1.5, y, 1.1, 0.7, f"W1, columns\nhalf {d + 1}", face=LIGHT[d], size=8)
+        box(ax, 3.0, y, 1.2, 0.7, f"GELU(x W1,{d + 1})\nhidden half", face=LIGHT[d], size=8)
+        box(ax, 4.6, y, 1.1, 0.7, f"W2, rows\nhalf {d + 1}", face=LIGHT[d], size=8)
         box(ax, 6.1, y, 0.9, 0.7, f"partial\nsum y{d + 1}", face=DEVICE[d], color="white",
             size=8)
         for a, b in ((1.1, 1.5), (2.6, 3.0), (4.2, 4.6), (5.7, 6.1)):
             arrow(ax, (a, y + 0.35), (b, y + 0.35))
         ax.text(0.05, y + 0.35, f"device {d}", rotation=90, va="center", ha="center", size=8,
                 color=DEVICE[d])
-    box(ax, 7.35, 0.6, 0.95, 1.3, "all-reduce\ny = y1 + y2", face="#FFF2CC", size=8)
+    box(ax, 7.35, 0.6, 0.95, 1.3, "allreduce\ny = y1 + y2", face="#FFF2CC", size=8)
     arrow(ax, (7.0, 1.8), (7.35, 1.5))
     arrow(ax, (7.0, 0.75), (7.35, 1.0))
     save(fig, "megatron_mlp")
@@ -554,7 +554,7 @@ def grain_pipeline():
     """A Grain pipeline and how two processes share every shuffled epoch."""
     fig, ax = canvas(8.6, 3.6)
     stages = ["ArraySource\nlen, [i]", "MapDataset\n.source", ".shuffle(seed)\nevery epoch anew",
-              "[p::P]\nprocess p's shard", ".repeat()", ".batch(b)", "iterator\nget_state()"]
+              "[q::P]\nprocess q's shard", ".repeat()", ".batch(B // P)", "iterator\nget_state()"]
     for i, text in enumerate(stages):
         x = 0.1 + i * 1.21
         box(ax, x, 2.7, 1.05, 0.65, text, face=LIGHT[0] if i < 6 else "#FFF2CC", size=7.5)
@@ -565,13 +565,13 @@ def grain_pipeline():
     for i, r in enumerate(order):
         box(ax, 0.1 + i * 0.52, 1.6, 0.46, 0.42, str(r), face=LIGHT[i % 2], size=8,
             style="square,pad=0.0")
-    for p in range(2):
-        ax.text(0.1, 1.05 - p * 0.5, f"process {p}, batch of b = 4:", size=8.5, color=DEVICE[p],
-                va="center")
+    for q in range(2):
+        ax.text(0.1, 1.05 - q * 0.5, f"process {q}, batch of B/P = 4:", size=8.5,
+                color=DEVICE[q], va="center")
         for j in range(4):
-            box(ax, 2.35 + j * 0.52, 0.84 - p * 0.5, 0.46, 0.42, str(order[2 * j + p]),
-                face=DEVICE[p], color="white", size=8, style="square,pad=0.0")
-    ax.text(4.6, 0.8, "together: the global batch of 8\n(the first 8 records of the epoch),\n"
+            box(ax, 2.35 + j * 0.52, 0.84 - q * 0.5, 0.46, 0.42, str(order[2 * j + q]),
+                face=DEVICE[q], color="white", size=8, style="square,pad=0.0")
+    ax.text(4.6, 0.8, "together: the global batch of B = 8\n(the first 8 records of the epoch),\n"
             "no record read twice, none skipped", size=8.5, va="center")
     save(fig, "grain_pipeline")
 
@@ -788,7 +788,7 @@ FIGURES += [float_formats, mixed_precision_step, overlap_timeline]
 
 
 def collective_hang():
-    """Two ways an all-reduce waits forever: a device that never reaches it, and (XLA:CPU)
+    """Two ways an allreduce waits forever: a device that never reaches it, and (XLA:CPU)
     a thread pool with no thread left to run the last device's part."""
     fig, ax = canvas(8.6, 3.6)
     ax.text(0.15, 3.38, "a device skips the collective", size=9, weight="bold")
@@ -799,13 +799,13 @@ def collective_hang():
         box(ax, 0.9, y, 0.8, 0.26, "compute", face=LIGHT[0], size=6.5,
             style="square,pad=0.0", lw=0.5)
         if d < 7:
-            box(ax, 1.75, y, 2.4, 0.26, "all-reduce: waits for device 7", face="#FFF2CC",
+            box(ax, 1.75, y, 2.4, 0.26, "allreduce: waits for device 7", face="#FFF2CC",
                 size=6.5, style="square,pad=0.0", lw=0.5)
         else:
             box(ax, 1.75, y, 0.9, 0.26, "other branch", face=LIGHT[3], size=6.5,
                 style="square,pad=0.0", lw=0.5)
             ax.text(2.75, y + 0.13, "goes on", size=6.5, va="center", color=DEVICE[3])
-        label = (f"thread {d}: device {d}'s all-reduce, waiting" if d < 7 else
+        label = (f"thread {d}: device {d}'s allreduce, waiting" if d < 7 else
                  "thread 7: launching a step, blocked (32 in flight)")
         box(ax, 4.5, y, 3.0, 0.26, label, face="#FFF2CC" if d < 7 else LIGHT[3], size=6.5,
             style="square,pad=0.0", lw=0.5)
