@@ -1,8 +1,18 @@
 """The checks of the exercises of notebook 02_allreduce."""
 import numpy as np
 
-from ._common import _Problem, _call, _close, _exercise, _fail, _mesh, _number, _run, _shown_name, _times
-
+from ._common import (
+    _call,
+    _close,
+    _exercise,
+    _fail,
+    _mesh,
+    _number,
+    _Problem,
+    _run,
+    _shown_name,
+    _times,
+)
 
 # --------------------------------------------------------------------------------------------
 # 02: allreduce

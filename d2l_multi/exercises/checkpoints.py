@@ -1,7 +1,6 @@
 """The checks of the exercises of notebook 10a_checkpoints."""
 from ._common import _call, _exercise, _fail, _mesh
 
-
 # --------------------------------------------------------------------------------------------
 # 10a: checkpoints
 
@@ -11,7 +10,8 @@ def restore_target(restore_target, hidden=False):
     each array, its shape, dtype and a NamedSharding on ``mesh`` by its spec -- no data."""
     import jax
     import jax.numpy as jnp
-    from jax.sharding import NamedSharding, PartitionSpec as P
+    from jax.sharding import NamedSharding
+    from jax.sharding import PartitionSpec as P
     saved_mesh = _mesh((8,), ("data",))
     tree = {"w": jnp.zeros((8, 4), jnp.float32), "b": jnp.zeros(4, jnp.bfloat16),
             "step": jnp.zeros((), jnp.int32)}

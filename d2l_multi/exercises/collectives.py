@@ -1,7 +1,6 @@
 """The checks of the exercises of notebook 07a_collectives."""
 from ._common import _call, _close, _exercise, _fail, _number, _times
 
-
 # --------------------------------------------------------------------------------------------
 # 07a: collectives and the alpha-beta model
 

@@ -5,7 +5,6 @@ import numpy as np
 
 from ._common import _call, _exercise, _fail, _mesh
 
-
 # --------------------------------------------------------------------------------------------
 # 00: devices and shardings
 

@@ -3,7 +3,6 @@ import numpy as np
 
 from ._common import _call, _close, _exercise, _fail
 
-
 # --------------------------------------------------------------------------------------------
 # 08: ensembles
 

@@ -3,7 +3,6 @@ import math
 
 from ._common import _call, _close, _exercise, _fail, _number, _times
 
-
 # --------------------------------------------------------------------------------------------
 # 11b: failures and clusters
 

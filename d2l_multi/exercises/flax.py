@@ -1,8 +1,18 @@
 """The checks of the exercises of notebook 05a_flax."""
 import numpy as np
 
-from ._common import _call, _close, _exercise, _fail, _mesh, _near, _number, _run, _scale, _softmax_problem
-
+from ._common import (
+    _call,
+    _close,
+    _exercise,
+    _fail,
+    _mesh,
+    _near,
+    _number,
+    _run,
+    _scale,
+    _softmax_problem,
+)
 
 # --------------------------------------------------------------------------------------------
 # 05a: Flax
@@ -15,7 +25,8 @@ def nnx_step(train_step, hidden=False):
     import jax
     import optax
     from flax import nnx
-    from jax.sharding import NamedSharding, PartitionSpec as P
+    from jax.sharding import NamedSharding
+    from jax.sharding import PartitionSpec as P
 
     def reference(model, optimizer, X, y):
         def loss_fn(model):

@@ -5,7 +5,6 @@ import numpy as np
 
 from ._common import _close, _exercise, _fail, _mesh, _value
 
-
 # --------------------------------------------------------------------------------------------
 # 09c: FSDP and tensor parallelism
 

@@ -3,7 +3,6 @@ import numpy as np
 
 from ._common import _call, _exercise, _fail, _first_line
 
-
 # --------------------------------------------------------------------------------------------
 # 10b: input pipelines
 
@@ -11,8 +10,9 @@ from ._common import _call, _exercise, _fail, _first_line
 def exact_resume(save_position, resume, hidden=False):
     """``save_position(iterator)`` returns what goes into the checkpoint; ``resume(make_iterator,
     saved)`` returns an iterator that continues exactly where the saved one stood."""
-    import grain
     import pickle
+
+    import grain
 
     def make(seed=0):
         dataset = grain.MapDataset.range(64).shuffle(seed=seed).batch(4)

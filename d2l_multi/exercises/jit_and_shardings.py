@@ -1,6 +1,15 @@
 """The checks of the exercises of notebook 04a_jit_and_shardings."""
-from ._common import _call, _close, _exercise, _fail, _mesh, _reference_step, _run, _softmax_loss, _softmax_problem
-
+from ._common import (
+    _call,
+    _close,
+    _exercise,
+    _fail,
+    _mesh,
+    _reference_step,
+    _run,
+    _softmax_loss,
+    _softmax_problem,
+)
 
 # --------------------------------------------------------------------------------------------
 # 04a: jit and shardings
@@ -10,7 +19,8 @@ def jit_data_parallel(place, hidden=False):
     """``place(params, X, y, mesh)``: the parameters replicated, the batch split along its
     first axis over the mesh's 'data' axis, so that ``jax.jit`` runs the step data parallel."""
     import jax
-    from jax.sharding import NamedSharding, PartitionSpec as P
+    from jax.sharding import NamedSharding
+    from jax.sharding import PartitionSpec as P
     step = jax.jit(lambda p, X, y: [a - 0.1 * g for a, g in
                                     zip(p, jax.grad(_softmax_loss)(p, X, y))])
     for k, n in [(8, 32)] + ([(4, 8)] if hidden else []):

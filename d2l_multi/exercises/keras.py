@@ -1,7 +1,6 @@
 """The checks of the exercises of notebook 06_keras."""
 from ._common import _call, _close, _exercise, _fail, _mesh, _number, _run, _softmax_problem
 
-
 # --------------------------------------------------------------------------------------------
 # 06: Keras
 
@@ -21,7 +20,8 @@ def keras_step(make_train_step, hidden=False):
     os.environ.setdefault("KERAS_BACKEND", "jax")
     import jax
     import keras
-    from jax.sharding import NamedSharding, PartitionSpec as P
+    from jax.sharding import NamedSharding
+    from jax.sharding import PartitionSpec as P
 
     from ..keras_models import keras_train_state, make_keras_train_step
 

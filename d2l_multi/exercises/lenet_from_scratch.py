@@ -5,7 +5,6 @@ import numpy as np
 
 from ._common import _call, _close, _exercise, _fail, _near, _same_structure, _scale
 
-
 # --------------------------------------------------------------------------------------------
 # 01: LeNet from scratch
 

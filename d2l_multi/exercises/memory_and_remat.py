@@ -1,7 +1,6 @@
 """The checks of the exercises of notebook 09a_memory_and_remat."""
 from ._common import _call, _close, _exercise, _fail, _number, _times
 
-
 # --------------------------------------------------------------------------------------------
 # 09a: memory and rematerialisation
 

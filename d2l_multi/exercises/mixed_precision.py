@@ -1,7 +1,6 @@
 """The checks of the exercises of notebook 07c_mixed_precision."""
 from ._common import _call, _close, _exercise, _fail, _times
 
-
 # --------------------------------------------------------------------------------------------
 # 07c: mixed precision
 

@@ -1,7 +1,6 @@
 """The checks of the exercises of notebook 09e_overlapping_communication."""
 from ._common import _call, _close, _exercise, _fail, _number
 
-
 # --------------------------------------------------------------------------------------------
 # 09e: overlapping communication
 

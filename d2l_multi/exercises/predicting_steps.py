@@ -1,7 +1,6 @@
 """The checks of the exercises of notebook 07b_predicting_steps."""
 from ._common import _call, _close, _exercise, _fail, _number, _times
 
-
 # --------------------------------------------------------------------------------------------
 # 07b: predicting a data-parallel step
 

@@ -1,7 +1,6 @@
 """The checks of the exercises of notebook 05c_resnet."""
 from ._common import _call, _close, _exercise, _fail, _number, _times
 
-
 # --------------------------------------------------------------------------------------------
 # 05c: ResNet and arithmetic per byte
 

@@ -1,7 +1,6 @@
 """The checks of the exercises of notebook 09b_transformer_and_meshes."""
 from ._common import _exercise, _fail, _value
 
-
 # --------------------------------------------------------------------------------------------
 # 09b: Transformer and meshes
 
