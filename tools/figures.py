@@ -740,11 +740,11 @@ def float_formats():
 
 def mixed_precision_step():
     """One mixed-precision data-parallel step: float32 master weights, a bfloat16 compute copy,
-    bfloat16 gradients all-reduced, a float32 update."""
+    bfloat16 gradients allreduced, a float32 update."""
     fig, ax = canvas(8.6, 2.3)
     f32, bf16 = "#4C72B0", "#DD8452"
     steps = [("master weights\nfloat32", f32), ("compute copy\nbfloat16", bf16),
-             ("forward, backward\nbfloat16", bf16), ("all-reduce\ngradients, bfloat16", bf16),
+             ("forward, backward\nbfloat16", bf16), ("allreduce\ngradients, bfloat16", bf16),
              ("cast gradients\nto float32", f32), ("optimizer update\nfloat32 state", f32)]
     for i, (text, face) in enumerate(steps):
         x = 0.2 + i * 1.4
