@@ -3,7 +3,6 @@
 devices (notebook 07b). The functions the notebooks show are kept as shown; their public
 names check their arguments first (``check.validated``)."""
 import functools
-import itertools
 import time
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -84,7 +83,7 @@ def _check_bus_bandwidth(collective: str, num_devices: int, num_bytes: float,
 
 
 def bus_bandwidth(collective, num_devices, num_bytes, seconds):
-    """nccl-tests' algorithm bandwidth S/t and bus bandwidth f S/t, bytes/s."""
+    """nccl-tests' algorithm bandwidth n/t and bus bandwidth f n/t, bytes/s."""
     k = num_devices
     f = {"psum": 2 * (k - 1) / k, "all_gather": (k - 1) / k,
          "psum_scatter": (k - 1) / k, "ppermute": 1.0}[collective]
@@ -94,20 +93,41 @@ def bus_bandwidth(collective, num_devices, num_bytes, seconds):
 bus_bandwidth = check.validated(bus_bandwidth, _check_bus_bandwidth)
 
 
-def measure_collectives(collectives: Sequence[str], device_counts: Sequence[int],
-                        sizes: Sequence[int], repeat: int = 5) -> list[dict[str, Any]]:
-    """Time each collective on each device count at each size: rows with the median, the
-    fastest and the slowest sample, and both bandwidths. Smoke switch: the 5 smallest sizes."""
+def _check_measure_collectives(collectives: Sequence[str], device_counts: Sequence[int],
+                               sizes: Sequence[int], repeat: int = 5) -> None:
+    """Raise an InputError if there is nothing to measure."""
     check.nonempty(collectives=collectives, device_counts=device_counts, sizes=sizes)
+
+
+def measure_collectives(collectives, device_counts, sizes, repeat=5):
+    """Time each collective on each device count at each size: rows with the
+    median, the fastest and the slowest sample, and both bandwidths."""
     rows = []
-    sizes = sorted(sizes)[:shrink(len(sizes), 5)]
-    for collective, k, n in itertools.product(collectives, device_counts, sizes):
-        times = time_collective(collective, k, n, repeat)
-        t = float(np.median(times))
-        algbw, busbw = bus_bandwidth(collective, k, n, t)
-        rows.append(dict(collective=collective, devices=k, bytes=n, seconds=t,
-                         low=times.min(), high=times.max(), algbw=algbw, busbw=busbw))
+    for collective in collectives:
+        for k in device_counts:
+            for n in sorted(sizes):
+                times = time_collective(collective, k, n, repeat)
+                t = float(np.median(times))
+                algbw, busbw = bus_bandwidth(collective, k, n, t)
+                rows.append(dict(collective=collective, devices=k, bytes=n,
+                                 seconds=t, low=times.min(), high=times.max(),
+                                 algbw=algbw, busbw=busbw))
     return rows
+
+
+def _smallest_sizes_in_smoke_runs(measure: Callable[..., list[dict[str, Any]]]
+                                  ) -> Callable[..., list[dict[str, Any]]]:
+    """``measure`` on the 5 smallest sizes with the smoke switch on, on all of them
+    otherwise; ``inspect.unwrap`` gives back the shown function."""
+    @functools.wraps(measure)
+    def measured(collectives, device_counts, sizes, repeat=5):
+        sizes = sorted(sizes)[:shrink(len(sizes), 5)]
+        return measure(collectives, device_counts, sizes, repeat)
+    return measured
+
+
+measure_collectives = _smallest_sizes_in_smoke_runs(
+    check.validated(measure_collectives, _check_measure_collectives))
 
 
 def _check_alpha_beta_inputs(num_bytes: ArrayLike, seconds: ArrayLike) -> None:

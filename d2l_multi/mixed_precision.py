@@ -19,10 +19,8 @@ from jax.typing import ArrayLike, DTypeLike
 
 from . import _checks as check
 from ._earlier import mixed_precision as d2l
-from .concise import shard, shard_batch
 from .errors import InputError
-from .models import Params, check_batch, num_correct
-from .utils import Accumulator
+from .models import Params, check_batch
 
 
 def lost_updates(params, updates, dtype):
@@ -54,7 +52,7 @@ def mixed_loss_fn(params, X, y):
 
 
 def allreduce_bytes(hlo_text):
-    """Bytes that the all-reduces of an HLO program reduce, by element type."""
+    """Bytes that the allreduces of an HLO program reduce, by element type."""
     total = {}
     for op in d2l.collective_ops(hlo_text):  # each once, in any form
         if op.kind == "all-reduce":
@@ -67,19 +65,19 @@ def allreduce_bytes(hlo_text):
 def train_sharded(train_step, params, optimizer, data, mesh, num_epochs):
     """Train data parallel on ``mesh``; return the parameters and the test
     accuracy of their float32 values after each epoch."""
-    params = shard(params, mesh)
-    opt_state = shard(optimizer.init(params), mesh)
+    params = d2l.shard(params, mesh)
+    opt_state = d2l.shard(optimizer.init(params), mesh)
     train_iter = data.get_dataloader(train=True, drop_last=True)
     accuracies = []
     for epoch in range(num_epochs):
         for X, y in train_iter:
             params, opt_state, _ = train_step(
-                params, opt_state, *shard_batch(X, y, mesh))
-        correct = Accumulator(2)  # correct predictions, examples
+                params, opt_state, *d2l.shard_batch(X, y, mesh))
+        correct = d2l.Accumulator(2)  # correct predictions, examples
         params32 = optax.tree.cast(params, jnp.float32)
         for X, y in data.get_dataloader(train=False):
-            Xs, ys = shard_batch(X, y, mesh)
-            correct.add(num_correct(params32, Xs, ys), len(y))
+            Xs, ys = d2l.shard_batch(X, y, mesh)
+            correct.add(d2l.num_correct(params32, Xs, ys), len(y))
         accuracies.append(correct[0] / correct[1])
     return params, accuracies
 

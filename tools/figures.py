@@ -164,7 +164,7 @@ def ring_allreduce():
                 style="square,pad=0.0")
     ax.text(5.9, 0.35, "reduce-scatter (k-1 steps): after it, device d holds the full sum of\n"
             "chunk d+1 (dark).  all-gather (k-1 steps): the finished chunks go once\n"
-            "around the ring.  Each device sends 2(k-1) chunks of n/k values.",
+            "around the ring.  Each device sends 2(k-1) chunks of n/k bytes.",
             ha="center", size=8)
     save(fig, "ring_allreduce")
 
@@ -178,7 +178,7 @@ def gather_to_one():
         arrow(ax, (x + 0.35, 0.9), (2.0, 2.2), rad=0.0)
         arrow(ax, (2.2, 2.2), (x + 0.65, 0.9), rad=0.0, ls="--", color="#777777")
     ax.text(2.1, 2.85, "gather to one, then broadcast", ha="center", size=9, weight="bold")
-    ax.text(2.1, 0.1, "device 0 receives and sends (k-1)·n values", ha="center", size=8)
+    ax.text(2.1, 0.1, "device 0 receives and sends (k-1)·n bytes", ha="center", size=8)
     save(fig, "gather_to_one")
 
 
@@ -695,8 +695,9 @@ def step_timeline():
 
     def row(y, label, start, formula):
         ax.text(0.1, y + 0.2, label, size=9, va="center")
-        box(ax, x0, y, unit, 0.4, "forward", face=LIGHT[0], size=8, style="square,pad=0.0")
-        box(ax, x0 + unit, y, 2 * unit, 0.4, "backward (gradients)", face=DEVICE[0],
+        box(ax, x0, y, unit, 0.4, r"forward $t_F$", face=LIGHT[0], size=8,
+            style="square,pad=0.0")
+        box(ax, x0 + unit, y, 2 * unit, 0.4, r"backward (gradients) $t_B$", face=DEVICE[0],
             color="white", size=8, style="square,pad=0.0")
         below = start < x0 + 3 * unit
         y_ar = y - 0.45 if below else y
@@ -706,10 +707,10 @@ def step_timeline():
         ax.plot([end, end], [y_ar - 0.1, y + 0.5], color="#777777", lw=0.8, ls=":")
         ax.text(end + 0.12, y_ar + 0.2, formula, size=9, va="center")
 
-    row(1.75, "no overlap", x0 + 3 * unit, r"$T = t_c + T_{\mathrm{allreduce}}$")
-    row(0.6, "overlap", x0 + 2.2 * unit, r"$T = \frac{1}{3}t_c + \max(\frac{2}{3}t_c,"
-        r"\ T_{\mathrm{allreduce}})$")
-    ax.text(x0 + 1.5 * unit, 2.35, r"compute of the share: $t_c(B/k)$", ha="center", size=9)
+    row(1.75, "no overlap", x0 + 3 * unit, r"$T = t_F + t_B + T_{\mathrm{allreduce}}$")
+    row(0.6, "overlap", x0 + 2.2 * unit, r"$T = t_F + \max(t_B,\ T_{\mathrm{allreduce}})$")
+    ax.text(x0 + 1.5 * unit, 2.35, r"compute of the share of $b = B/k$ examples: "
+            r"$t(b) = t_F + t_B$", ha="center", size=9)
     save(fig, "step_timeline")
 
 
@@ -739,11 +740,11 @@ def float_formats():
 
 def mixed_precision_step():
     """One mixed-precision data-parallel step: float32 master weights, a bfloat16 compute copy,
-    bfloat16 gradients all-reduced, a float32 update."""
+    bfloat16 gradients allreduced, a float32 update."""
     fig, ax = canvas(8.6, 2.3)
     f32, bf16 = "#4C72B0", "#DD8452"
     steps = [("master weights\nfloat32", f32), ("compute copy\nbfloat16", bf16),
-             ("forward, backward\nbfloat16", bf16), ("all-reduce\ngradients, bfloat16", bf16),
+             ("forward, backward\nbfloat16", bf16), ("allreduce\ngradients, bfloat16", bf16),
              ("cast gradients\nto float32", f32), ("optimizer update\nfloat32 state", f32)]
     for i, (text, face) in enumerate(steps):
         x = 0.2 + i * 1.4
