@@ -17,10 +17,10 @@ MAIN_LINE = ["00_devices", "01_lenet_from_scratch", "02_allreduce",
              "03_data_parallel_from_scratch", "04a_jit_and_shardings", "04b_shard_map",
              "05a_flax", "05b_batchnorm", "05c_resnet", "06_keras", "07a_collectives",
              "07b_predicting_steps", "07c_mixed_precision", "08_ensembles",
-             "09a_memory_and_remat", "09b_transformer_and_meshes",
-             "09c_fsdp_and_tensor_parallelism", "09d_pipeline_parallelism",
-             "09e_overlapping_communication", "10a_checkpoints", "10b_input_pipelines",
-             "11a_multi_process", "11b_failures_and_clusters"]
+             "09a_memory", "09b_remat", "09c_meshes_and_rules",
+             "09d_fsdp_and_tensor_parallelism", "09e_pipeline_parallelism",
+             "09f_overlapping_communication", "10a_checkpoints", "10b_input_pipelines",
+             "11a_multi_process", "11b_failures"]
 WRONG = [(name, i) for name, cases in answers.WRONG.items() for i in range(len(cases))]
 
 
