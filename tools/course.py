@@ -9,10 +9,12 @@ appendix is the ``A*`` notebooks; everything else is an elective. Reading minute
 as chapter-check counts them (prose words / 200 + code lines / 10); full-run times come from
 the notebooks' stored run (``metadata.d2l_multi.run.seconds``), when there is one.
 """
+import itertools
 import json
 import pathlib
 import re
 import sys
+import textwrap
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 CHAPTERS = ROOT / "chapters"
@@ -73,13 +75,13 @@ def figure(out=ROOT / "book" / "figures" / "course_map.svg"):
                        and n not in CORE] + [depth.get(base, 0)])
         depth[base] = row
         place[name] = (base, row)
-    width, height = 1.55, 0.62
+    width, height = 1.55, 0.78
     cols = max(x for x, _ in place.values()) + 1
     rows = max(y for _, y in place.values()) + 1
     fig = plt.figure(figsize=(cols * width + 0.3, rows * height + 0.6))
     ax = fig.add_axes([0, 0, 1, 1])
     ax.set_xlim(-0.15, cols * width + 0.15)
-    ax.set_ylim(-(rows - 1) * height - 0.45, 0.55)
+    ax.set_ylim(-(rows - 1) * height - 0.5, 0.5)
     ax.axis("off")
     faces = {"core": "#4C72B0", "elective": "#C9D6EA", "appendix": "#E6E6E6"}
 
@@ -89,25 +91,35 @@ def figure(out=ROOT / "book" / "figures" / "course_map.svg"):
 
     for name, (x, y) in place.items():
         cx, cy = centre(name)
-        label = name.split("_", 1)[0] + "\n" + nbs[name][0][:22]
-        ax.add_patch(FancyBboxPatch((cx - 0.68, cy - 0.22), 1.36, 0.44,
+        title = nbs[name][0].removeprefix("Appendix: ").replace("`", "")
+        lines = textwrap.wrap(title, 21, max_lines=2, placeholder=" …")
+        label = name.split("_", 1)[0] + "\n" + "\n".join(lines)
+        ax.add_patch(FancyBboxPatch((cx - 0.68, cy - 0.3), 1.36, 0.6,
                                     boxstyle="round,pad=0.02,rounding_size=0.05",
                                     facecolor=faces[kind(name)], edgecolor="#222222",
-                                    linewidth=0.8))
-        ax.text(cx, cy, label, ha="center", va="center", fontsize=6.5,
+                                    linewidth=0.8, zorder=2))
+        ax.text(cx, cy, label, ha="center", va="center", fontsize=6.5, zorder=3,
                 color="white" if kind(name) == "core" else "#222222")
-    for name in place:
+    def arrow(a, b, rad=0.0):
+        ax.add_patch(FancyArrowPatch(a, b, arrowstyle="-|>", mutation_scale=7,
+                                     color="#555555", linewidth=0.6, shrinkA=0,
+                                     shrinkB=0, zorder=1,
+                                     connectionstyle=f"arc3,rad={rad}"))
+
+    for a, b in itertools.pairwise(CORE):  # the track, in order
+        (x0, y0), (x1, y1) = centre(a), centre(b)
+        arrow((x0 + 0.68, y0), (x1 - 0.68, y1))
+    for name in place:  # an elective hangs below its last core class: arrows among the rest
         for need in nbs[name][1]:
-            if need in place and need != name:
+            if need in place and need not in CORE and need != name:
                 (x0, y0), (x1, y1) = centre(need), centre(name)
-                ax.add_patch(FancyArrowPatch((x0, y0 - 0.22 if y1 < y0 else y0),
-                                             (x1, y1 + 0.22 if y1 < y0 else y1),
-                                             arrowstyle="-|>", mutation_scale=7,
-                                             color="#555555", linewidth=0.6,
-                                             shrinkA=3, shrinkB=3,
-                                             connectionstyle="arc3,rad=0.12"))
+                if x0 == x1:
+                    arrow((x0, y0 - 0.3), (x1, y1 + 0.3), 0.0 if y0 - y1 <= height else 0.25)
+                else:
+                    arrow((x0 + (0.68 if x1 > x0 else -0.68), y0),
+                          (x1 + (-0.68 if x1 > x0 else 0.68), y1), 0.1)
     out.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(out, metadata={"Date": None})
+    fig.savefig(out, metadata={"Date": None} if out.suffix == ".svg" else None)
     plt.close(fig)
     return out
 
