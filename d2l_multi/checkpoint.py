@@ -20,7 +20,8 @@ import sys
 import threading
 import traceback
 import weakref
-from typing import Any, Callable, Iterator
+from collections.abc import Callable, Iterator
+from typing import Any
 
 import grain
 import jax
@@ -28,12 +29,22 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 import orbax.checkpoint as ocp
-from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+from jax.sharding import Mesh, NamedSharding
+from jax.sharding import PartitionSpec as P
 
 from . import _checks as check
-from .errors import AlreadyExistsError, CheckpointError, DivergedError, InputError, NoAccessError, NotAFolderError, NotFoundError, PathError, TooLargeError
-from .concise import make_train_step, shard_batch
-from .hardware import device_mesh
+from .concise import shard_batch
+from .errors import (
+    AlreadyExistsError,
+    CheckpointError,
+    DivergedError,
+    InputError,
+    NoAccessError,
+    NotAFolderError,
+    NotFoundError,
+    PathError,
+    TooLargeError,
+)
 
 
 def _is_spec(x):
@@ -58,9 +69,7 @@ def _check_specs(tree, specs):
 def _check_layouts(tree, specs, mesh):
     """Raise a ValueError unless ``mesh`` is a Mesh and ``specs`` holds one PartitionSpec per
     array of ``tree`` that names axes of ``mesh`` and splits its array evenly."""
-    if not isinstance(mesh, Mesh):
-        raise InputError(f"mesh must be a jax.sharding.Mesh (e.g. d2l.device_mesh((4, 2))), got "
-                         f"{type(mesh).__name__}")
+    check.mesh(mesh)
     _check_specs(tree, specs)
     for x, spec in zip(jax.tree.leaves(tree), jax.tree.leaves(specs, is_leaf=_is_spec)):
         check.spec(spec, mesh, jnp.shape(x))
@@ -71,7 +80,7 @@ def lenet_specs(axis="model"):
     return [P(), P(), P(), P(), P(None, axis), P(axis), P(axis, None), P()]
 
 
-def _check_lenet_specs(axis="model"):
+def _check_lenet_specs(axis: str = "model") -> None:
     """Raise a ValueError unless ``axis`` names a mesh axis."""
     if not isinstance(axis, str) or not axis:
         raise InputError(f"axis must be the name of a mesh axis, e.g. 'model', got {axis!r}")
@@ -87,7 +96,7 @@ def state_specs(optimizer, params, specs):
             "step": P()}
 
 
-def _check_state_specs(optimizer, params, specs):
+def _check_state_specs(optimizer: optax.GradientTransformation, params: Any, specs: Any) -> None:
     """Raise a ValueError unless ``optimizer`` is optax's and ``specs`` fit ``params``."""
     check.optimizer(optimizer)
     _check_specs(params, specs)
@@ -103,7 +112,8 @@ def sharded_train_state(params, optimizer, mesh, specs):
         state, layouts)
 
 
-def _check_train_state(params, optimizer, mesh, specs):
+def _check_train_state(params: Any, optimizer: optax.GradientTransformation, mesh: Mesh,
+                       specs: Any) -> None:
     """Raise a ValueError unless ``specs`` lay ``params`` out on ``mesh``."""
     _check_layouts(params, specs, mesh)
 
@@ -114,7 +124,7 @@ def abstract_like(tree, mesh, specs):
         x.shape, x.dtype, sharding=NamedSharding(mesh, spec)), tree, specs)
 
 
-def _check_abstract_like(tree, mesh, specs):
+def _check_abstract_like(tree: Any, mesh: Mesh, specs: Any) -> None:
     """Raise a ValueError unless ``specs`` lay ``tree`` out on ``mesh``."""
     _check_layouts(tree, specs, mesh)
 
@@ -133,14 +143,6 @@ def _check_directory(directory, name="directory"):
     if directory.exists() and not directory.is_dir():
         raise NotAFolderError(f"{directory} is a file, not a checkpoint folder; pass a folder")
     return directory
-
-
-def _check_count(name, value, minimum, allow_none=False):
-    if value is None and allow_none:
-        return
-    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < minimum:
-        none = " or None" if allow_none else ""
-        raise InputError(f"{name} must be an integer >= {minimum}{none}, got {value!r}")
 
 
 class _QuietOrbax(logging.Filter):
@@ -254,7 +256,9 @@ def _steps(directory):
 
 
 def _finished(folder):
-    """Whether Orbax's step metadata says that the save of ``folder`` was committed."""
+    """Whether Orbax's step metadata says that the save of ``folder`` was committed. A
+    PathError names any file in it that is not a regular one (reading it could block)."""
+    check.regular_files(folder, "delete that step's folder, or restore another step")
     try:
         return ocp.metadata.get_step_metadata(folder).commit_timestamp_nsecs is not None
     except ValueError:  # no step metadata, or not JSON
@@ -304,6 +308,12 @@ def _check_only_checkpoints(directory):
     finished = {folder.name for folder in _steps(directory).values() if _finished(folder)}
     others = sorted(p.name for p in directory.iterdir()
                     if p.name not in finished and not _is_step_being_written(p))
+    if others and all((directory / name).is_dir() and not any((directory / name).iterdir())
+                      for name in others):
+        raise AlreadyExistsError(f"{directory} holds the empty folder(s) {', '.join(others[:5])}"
+                                 f", which no save wrote into; delete them (a checkpoint "
+                                 f"manager would take them for old steps), or give the "
+                                 f"checkpoints a fresh folder")
     if others:
         more = f" and {len(others) - 5} more" if len(others) > 5 else ""
         raise AlreadyExistsError(f"{directory} holds {', '.join(others[:5])}{more}, which are "
@@ -322,8 +332,8 @@ def checkpoint_manager(directory: str | os.PathLike, max_to_keep: int | None = 3
     seconds a save may wait for the other processes of a job before it fails (default: Orbax's
     20 minutes). Close it when done, best with ``with checkpoint_manager(...) as manager:``."""
     directory = _check_directory(directory)
-    _check_count("max_to_keep", max_to_keep, 1, allow_none=True)
-    _check_count("timeout", timeout, 1, allow_none=True)
+    check.integer(1, none=True, max_to_keep=max_to_keep)
+    check.integer(1, none=True, timeout=timeout)
     for name, flag in [("create", create), ("read_only", read_only)]:
         if not isinstance(flag, bool):
             raise InputError(f"{name} must be True or False, got {flag!r}")
@@ -366,7 +376,7 @@ def save_checkpoint(manager: ocp.CheckpointManager, step: int, state: Any,
     if not isinstance(manager, ocp.CheckpointManager):
         raise InputError(f"manager must be an Orbax CheckpointManager (d2l.checkpoint_manager), "
                          f"got {type(manager).__name__}")
-    _check_count("step", step, 0)
+    check.integer(0, step=step)
     _check_tree(state, "state")
     if data_iter is not None and not hasattr(data_iter, "get_state"):
         raise InputError(f"data_iter must be a Grain iterator (with get_state), got "
@@ -603,7 +613,7 @@ def restore_checkpoint(directory: str | os.PathLike, target: Any, step: int | No
     """
     directory = _check_directory(directory)
     target = _target(target)
-    _check_count("step", step, 0, allow_none=True)
+    check.integer(0, none=True, step=step)
     if data_iter is not None and not hasattr(data_iter, "set_state"):
         raise InputError(f"data_iter must be a Grain iterator (with set_state), got "
                          f"{type(data_iter).__name__}; pass iter(loader), or None")
@@ -677,11 +687,9 @@ def train_steps(state: dict[str, Any], train_step: Callable[..., Any],
     ``save_every`` steps save the state with ``manager`` (and, if ``batches`` is a Grain
     iterator, its position), after checking that the loss and the state are finite. Returns the
     new state and the losses."""
-    if not isinstance(mesh, Mesh):
-        raise InputError(f"mesh must be a jax.sharding.Mesh (e.g. d2l.device_mesh((4, 2))), got "
-                         f"{type(mesh).__name__}")
-    _check_count("num_steps", num_steps, 0)
-    _check_count("save_every", save_every, 0)
+    check.mesh(mesh)
+    check.integer(0, num_steps=num_steps)
+    check.integer(0, save_every=save_every)
     if not callable(train_step) or not hasattr(batches, "__next__"):
         raise InputError("train_step must be a function (d2l.make_train_step) and batches an "
                          "iterator: pass iter(loader), not the loader")

@@ -1,13 +1,16 @@
 """Collectives by hand: an allreduce over device copies, replicating parameters, and a ring
 allreduce (reduce-scatter, then all-gather) written with ``lax.ppermute``."""
+from collections.abc import Sequence
+from typing import Any
+
 import jax
 import jax.numpy as jnp
 from jax import lax
-from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+from jax.sharding import Mesh, NamedSharding
+from jax.sharding import PartitionSpec as P
 
 from . import _checks as check
 from .errors import InputError
-from .hardware import devices
 
 
 def allreduce(data):
@@ -18,9 +21,9 @@ def allreduce(data):
     return [jax.device_put(total, x.device) for x in data]  # broadcast back
 
 
-def _check_allreduce(data):
+def _check_allreduce(data: Sequence[jax.Array]) -> None:
     """Raise a ValueError unless ``data`` holds at least one array."""
-    if not data:
+    if not len(data):
         raise InputError("allreduce needs a list with one array per device, got []")
 
 
@@ -31,10 +34,28 @@ def replicate(params, devices):
     return jax.device_put(jax.tree.map(stack, params), sharding)
 
 
-def _check_replicate(params, devices):
-    """Raise a ValueError unless there is at least one device to copy to."""
-    if not devices:
+def _check_replicate(params: Any, devices: Sequence[jax.Device]) -> None:
+    """Raise a ValueError unless ``params`` holds arrays and ``devices`` lists at least one
+    device, each once."""
+    check.tree(params)
+    if devices is not None and not len(devices):
         raise InputError("replicate needs at least one device, got none; pass d2l.devices(n)")
+    check.devices(devices)
+
+
+def _check_unreplicate(params: Any) -> None:
+    """Raise a ValueError unless every array of ``params`` is stacked over devices."""
+    check.tree(params)
+    for x in jax.tree.leaves(params):
+        if not isinstance(x, jax.Array) or not jnp.ndim(x):
+            raise InputError(f"params must hold device copies stacked along axis 0 (as "
+                             f"d2l.replicate makes them), found {type(x).__name__} of shape "
+                             f"{jnp.shape(x)}")
+
+
+def _check_ring(x: jax.Array, axis_name: str) -> None:
+    if not isinstance(axis_name, str):
+        raise InputError(f"axis_name must name a mesh axis (a str), got {axis_name!r}")
 
 
 def unreplicate(params):
@@ -59,3 +80,5 @@ def ring_allreduce(x, axis_name):
 
 allreduce = check.validated(allreduce, _check_allreduce)
 replicate = check.validated(replicate, _check_replicate)
+unreplicate = check.validated(unreplicate, _check_unreplicate)
+ring_allreduce = check.validated(ring_allreduce, _check_ring)

@@ -6,36 +6,44 @@
 ``shard``, ``shard_batch`` and ``check_spec`` place arrays on a mesh after checking that the
 spec fits it; the chapter calls ``jax.device_put(x, NamedSharding(mesh, spec))`` directly, and
 the library uses these where a clear error for a bad spec helps."""
-import math
+from collections.abc import Callable
+from typing import Any
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 import optax
 from jax import lax
-from jax.sharding import NamedSharding, PartitionSpec as P
+from jax.sharding import Mesh, NamedSharding
+from jax.sharding import PartitionSpec as P
+from jax.typing import ArrayLike
 
 from . import _checks as check
-from .errors import InputError
 from ._earlier import concise as d2l
+from .errors import InputError
 from .hlo import COLLECTIVES
 
 
-def shard(tree, mesh, spec=P()):
+def shard(tree: Any, mesh: Mesh, spec: P = P()) -> Any:
     """Put every array of ``tree`` on ``mesh``, laid out as ``spec`` (``P()``: replicated)."""
     for x in jax.tree.leaves(tree):
         check.spec(spec, mesh, jnp.shape(x))
     return jax.device_put(tree, NamedSharding(mesh, spec))
 
 
-def shard_batch(X, y, mesh, axis_name="data"):
+def shard_batch(X: ArrayLike, y: ArrayLike, mesh: Mesh,
+                axis_name: str = "data") -> tuple[jax.Array, jax.Array]:
     """Split a global batch along the mesh axis ``axis_name``: one slice of rows per device."""
     check.spec(P(axis_name), mesh)
     check.divisible(X.shape[0], mesh.shape[axis_name])
     return shard((X, y), mesh, P(axis_name))
 
 
-def _check_batch_labels(X, y, *args, **kwargs):
-    check.labels(X, y)
+def _check_batch_labels(X: ArrayLike, y: ArrayLike, mesh: Mesh,
+                        axis_name: str = "data") -> None:
+    check.examples(X, y)
+    if not check._is_tracer(y) and np.ndim(y) == 1 and np.asarray(y).dtype.kind in "iu":
+        check.labels(y)  # class indices: none negative
 
 
 shard_batch = check.validated(shard_batch, _check_batch_labels)
@@ -53,7 +61,10 @@ def make_train_step(optimizer, loss=None):
     return train_step
 
 
-def _check_train_step(optimizer, loss=None):
+Loss = Callable[[Any, Any, Any], jax.Array]  # loss(params, X, y) -> a scalar
+
+
+def _check_train_step(optimizer: optax.GradientTransformation, loss: Loss | None = None) -> None:
     """Raise a TypeError unless ``optimizer`` is an optax optimizer."""
     check.optimizer(optimizer)
 
@@ -72,7 +83,8 @@ def make_shard_map_step(mesh, optimizer, loss=None, axis_name="data"):
                                  out_specs=P()))
 
 
-def _check_shard_map_step(mesh, optimizer, loss=None, axis_name="data"):
+def _check_shard_map_step(mesh: Mesh, optimizer: optax.GradientTransformation,
+                          loss: Loss | None = None, axis_name: str = "data") -> None:
     """Raise unless ``optimizer`` is optax's and ``mesh`` has ``axis_name``."""
     check.optimizer(optimizer)
     check.spec(P(axis_name), mesh)
@@ -87,7 +99,7 @@ def count_collectives(hlo_text):
     return counts
 
 
-def _check_hlo_text(hlo_text):
+def _check_hlo_text(hlo_text: str) -> None:
     """Raise a TypeError unless ``hlo_text`` is HLO text (a string), not a compiled program."""
     if not isinstance(hlo_text, str):
         raise InputError(f"count_collectives reads HLO text, not a {type(hlo_text).__name__}; "

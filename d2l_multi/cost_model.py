@@ -4,14 +4,17 @@ devices (notebook 07b). The functions the notebooks show are kept as shown; thei
 names check their arguments first (``check.validated``)."""
 import functools
 import itertools
-import math
 import time
+from collections.abc import Callable, Sequence
+from typing import Any
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 from jax import lax
-from jax.sharding import AxisType, NamedSharding, PartitionSpec as P
+from jax.sharding import AxisType, NamedSharding
+from jax.sharding import PartitionSpec as P
+from jax.typing import ArrayLike
 
 from . import _checks as check
 from ._earlier import cost_model as d2l
@@ -19,16 +22,15 @@ from .errors import InputError
 from .smoke_switch import shrink
 from .utils import time_call
 
-
 COLLECTIVE_NAMES = ("psum", "all_gather", "psum_scatter", "ppermute")
 
 
 # --- notebook 07a: timing collectives, bandwidths, the alpha-beta model ----------------------
 
-def _check_collective_inputs(collective, num_devices, num_bytes):
+def _check_collective_inputs(collective: str, num_devices: int, num_bytes: int) -> None:
     """Raise a ValueError unless ``collective`` is known, k >= 2 and 4k divides num_bytes."""
     k = num_devices
-    if collective not in COLLECTIVE_NAMES or not isinstance(k, int) or k < 2:
+    if collective not in COLLECTIVE_NAMES or not isinstance(check._number(k), int) or k < 2:
         raise InputError(f"use one of {list(COLLECTIVE_NAMES)} on num_devices >= 2, got "
                          f"{collective!r}, {k!r}")
     check.positive(num_bytes=num_bytes)
@@ -58,9 +60,11 @@ def collective_loop(collective, num_devices, num_bytes):
 collective_loop = check.validated(collective_loop, _check_collective_inputs)
 
 
-def _check_time_collective(collective, num_devices, num_bytes, repeat=5):
+def _check_time_collective(collective: str, num_devices: int, num_bytes: int,
+                           repeat: int = 5) -> None:
     """Raise a ValueError unless ``repeat`` is a positive number (the rest: collective_loop)."""
     check.positive(repeat=repeat)
+    _check_collective_inputs(collective, num_devices, num_bytes)
 
 
 def time_collective(collective, num_devices, num_bytes, repeat=5):
@@ -73,12 +77,14 @@ def time_collective(collective, num_devices, num_bytes, repeat=5):
 time_collective = check.validated(time_collective, _check_time_collective)
 
 
-def _check_bus_bandwidth(collective, num_devices, num_bytes, seconds):
+def _check_bus_bandwidth(collective: str, num_devices: int, num_bytes: float,
+                         seconds: float) -> None:
     """Raise a ValueError unless the collective is known and k and the time are > 0."""
     if collective not in COLLECTIVE_NAMES:
         raise InputError(f"unknown collective {collective!r}; use one of "
                          f"{list(COLLECTIVE_NAMES)}")
     check.positive(num_devices=num_devices, seconds=seconds)
+    check.nonnegative(num_bytes=num_bytes)
 
 
 def bus_bandwidth(collective, num_devices, num_bytes, seconds):
@@ -92,9 +98,11 @@ def bus_bandwidth(collective, num_devices, num_bytes, seconds):
 bus_bandwidth = check.validated(bus_bandwidth, _check_bus_bandwidth)
 
 
-def measure_collectives(collectives, device_counts, sizes, repeat=5):
+def measure_collectives(collectives: Sequence[str], device_counts: Sequence[int],
+                        sizes: Sequence[int], repeat: int = 5) -> list[dict[str, Any]]:
     """Time each collective on each device count at each size: rows with the median, the
     fastest and the slowest sample, and both bandwidths. Smoke switch: the 5 smallest sizes."""
+    check.nonempty(collectives=collectives, device_counts=device_counts, sizes=sizes)
     rows = []
     sizes = sorted(sizes)[:shrink(len(sizes), 5)]
     for collective, k, n in itertools.product(collectives, device_counts, sizes):
@@ -106,7 +114,7 @@ def measure_collectives(collectives, device_counts, sizes, repeat=5):
     return rows
 
 
-def _check_alpha_beta_inputs(num_bytes, seconds):
+def _check_alpha_beta_inputs(num_bytes: ArrayLike, seconds: ArrayLike) -> None:
     """Raise a ValueError unless each size has a time, all finite and > 0, and two sizes differ."""
     n, t = np.asarray(num_bytes, float), np.asarray(seconds, float)
     if n.ndim != 1 or n.shape != t.shape or len(np.unique(n)) < 2 or not np.all(
@@ -130,11 +138,10 @@ def fit_alpha_beta(num_bytes, seconds):
 fit_alpha_beta = check.validated(fit_alpha_beta, _check_alpha_beta_inputs)
 
 
-def _check_ring_per_hop(alpha, beta, num_devices):
+def _check_ring_per_hop(alpha: float, beta: float, num_devices: int) -> None:
     """Raise a ValueError unless alpha, beta >= 0 and the ring has k >= 2 devices."""
-    if not (math.isfinite(alpha) and math.isfinite(beta) and min(alpha, beta) >= 0):
-        raise InputError(f"alpha and beta must be finite and >= 0, got {alpha}, {beta}")
-    if isinstance(num_devices, bool) or not isinstance(num_devices, int) or num_devices < 2:
+    check.nonnegative(alpha=alpha, beta=beta)
+    if not isinstance(check._number(num_devices), int) or num_devices < 2:
         raise InputError(f"a ring needs num_devices >= 2, got {num_devices!r}")
 
 
@@ -176,10 +183,16 @@ def _counted(fn):
     return checked
 
 
-step_cost = _counted(step_cost)
+def _check_step_cost(step: Callable[..., Any], *args: Any) -> None:
+    if not callable(step):
+        raise InputError(f"step must be a function (or a compiled one), got {step!r}")
 
 
-def measure_compute(step, make_args, batch_sizes, repeat=5):
+step_cost = check.validated(_counted(step_cost), _check_step_cost)
+
+
+def measure_compute(step: Callable[..., Any], make_args: Callable[[int], tuple[Any, ...]],
+                    batch_sizes: Sequence[int], repeat: int = 5) -> list[dict[str, Any]]:
     """For each batch size b, compile ``step(*make_args(b))``, time it on one device
     (``d2l.time_call``) and count its cost: one row per size. Smoke switch: the 2 smallest."""
     rows = []
@@ -192,7 +205,7 @@ def measure_compute(step, make_args, batch_sizes, repeat=5):
     return rows
 
 
-def cpu_time_call(f, *args, repeat=5):
+def cpu_time_call(f: Callable[..., Any], *args: Any, repeat: int = 5) -> tuple[float, float]:
     """CPU seconds (of every thread of this process) and wall-clock seconds per call of
     ``f(*args)``, means over ``repeat`` calls after one that compiles; their ratio is the number
     of cores the calls kept busy (``d2l.shrink`` keeps 2 calls in quick runs)."""
@@ -205,15 +218,14 @@ def cpu_time_call(f, *args, repeat=5):
     return (time.process_time() - cpu) / repeat, (time.perf_counter() - wall) / repeat
 
 
-def _check_step_time_inputs(compute_time, num_devices, grad_bytes, alpha, beta, overlap=False,
-                            parallelism=None):
+def _check_step_time_inputs(compute_time: float, num_devices: int, grad_bytes: float,
+                            alpha: float, beta: float, overlap: bool = False,
+                            parallelism: float | None = None) -> None:
     """Raise a ValueError unless k and the parallelism are > 0, the compute time is finite
     and the compute time, gradient bytes, alpha and beta are >= 0."""
     check.positive(num_devices=num_devices,
                    parallelism=num_devices if parallelism is None else parallelism)
-    if not (math.isfinite(compute_time) and min(compute_time, grad_bytes, alpha, beta) >= 0):
-        raise InputError(f"compute_time, grad_bytes, alpha and beta must be finite and >= 0, got "
-                         f"{compute_time}, {grad_bytes}, {alpha}, {beta}")
+    check.nonnegative(compute_time=compute_time, grad_bytes=grad_bytes, alpha=alpha, beta=beta)
 
 
 def predict_step_time(compute_time, num_devices, grad_bytes, alpha, beta,

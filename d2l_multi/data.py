@@ -15,12 +15,14 @@ import os
 import pathlib
 import tempfile
 import urllib.request
+import zlib
+from collections.abc import Iterable, Iterator, Sequence
+from typing import Any
 
 import numpy as np
 
-from .errors import DataError
-
-from .errors import InputError
+from . import _checks as check
+from .errors import DataError, InputError, PathError
 
 DATA_ENV = "D2L_MULTI_DATA"
 _SPLITS = {"train": ("train-images-idx3-ubyte.gz", "train-labels-idx1-ubyte.gz"),
@@ -33,10 +35,10 @@ DATASETS = {
         "debian": "/usr/share/datasets/fashion-mnist",
         "sizes": {"train": 60_000, "test": 10_000},
         "sha256": {  # of the decompressed IDX content
-            "train-images-idx3-ubyte.gz": "c59f468a2f672dc815687fe0f83887768d799fd8a3f3276145d20f83aa44d888",
-            "train-labels-idx1-ubyte.gz": "bad3541b69d912435c50bb6ba87bec294ff4f6a2e1246121d8633921760443d9",
-            "t10k-images-idx3-ubyte.gz": "5b4141f0afbad91edebe8549f8fcffe087ea10ca49f1dbef5c9a5cd8815ce37b",
-            "t10k-labels-idx1-ubyte.gz": "0402a96d92fd2663957122ceb108a494c5af83dab82d92729df917d7dec38c34",
+            "train-images-idx3-ubyte.gz": "c59f468a2f672dc815687fe0f83887768d799fd8a3f3276145d20f83aa44d888",  # noqa: E501
+            "train-labels-idx1-ubyte.gz": "bad3541b69d912435c50bb6ba87bec294ff4f6a2e1246121d8633921760443d9",  # noqa: E501
+            "t10k-images-idx3-ubyte.gz": "5b4141f0afbad91edebe8549f8fcffe087ea10ca49f1dbef5c9a5cd8815ce37b",  # noqa: E501
+            "t10k-labels-idx1-ubyte.gz": "0402a96d92fd2663957122ceb108a494c5af83dab82d92729df917d7dec38c34",  # noqa: E501
         },
     },
     "mnist": {
@@ -45,10 +47,10 @@ DATASETS = {
         "debian": None,
         "sizes": {"train": 60_000, "test": 10_000},
         "sha256": {
-            "train-images-idx3-ubyte.gz": "ba891046e6505d7aadcbbe25680a0738ad16aec93bde7f9b65e87a2fc25776db",
-            "train-labels-idx1-ubyte.gz": "65a50cbbf4e906d70832878ad85ccda5333a97f0f4c3dd2ef09a8a9eef7101c5",
-            "t10k-images-idx3-ubyte.gz": "0fa7898d509279e482958e8ce81c8e77db3f2f8254e26661ceb7762c4d494ce7",
-            "t10k-labels-idx1-ubyte.gz": "ff7bcfd416de33731a308c3f266cc351222c34898ecbeaf847f06e48f7ec33f2",
+            "train-images-idx3-ubyte.gz": "ba891046e6505d7aadcbbe25680a0738ad16aec93bde7f9b65e87a2fc25776db",  # noqa: E501
+            "train-labels-idx1-ubyte.gz": "65a50cbbf4e906d70832878ad85ccda5333a97f0f4c3dd2ef09a8a9eef7101c5",  # noqa: E501
+            "t10k-images-idx3-ubyte.gz": "0fa7898d509279e482958e8ce81c8e77db3f2f8254e26661ceb7762c4d494ce7",  # noqa: E501
+            "t10k-labels-idx1-ubyte.gz": "ff7bcfd416de33731a308c3f266cc351222c34898ecbeaf847f06e48f7ec33f2",  # noqa: E501
         },
     },
 }
@@ -57,18 +59,23 @@ DATASETS = {
 SAMPLE_SIZES = {"train": 2048, "test": 512}  # the first examples of each split
 SAMPLE_SHA256 = {  # of the decompressed sample files (tools/make_sample_data.py)
     "fashion-mnist": {
-        "train-images-idx3-ubyte.gz": "2638b79e52ead7bacad88c1a913b089757871a8eec13fd966dfedf9c2d881aaf",
-        "train-labels-idx1-ubyte.gz": "77c8ce66aefe27d97ef7cc1eaa60291ed962a405a8f717dd95487b98aa903e57",
-        "t10k-images-idx3-ubyte.gz": "d2223cd325784a5e01e09112cd7f626cfc3c78e2f26b81e1c3ac5152ced7be9f",
-        "t10k-labels-idx1-ubyte.gz": "673e491a4e3bc9ee3e19141f2f57173a1a1707a7d15ffac6adbbe7f985e2264e",
+        "train-images-idx3-ubyte.gz": "2638b79e52ead7bacad88c1a913b089757871a8eec13fd966dfedf9c2d881aaf",  # noqa: E501
+        "train-labels-idx1-ubyte.gz": "77c8ce66aefe27d97ef7cc1eaa60291ed962a405a8f717dd95487b98aa903e57",  # noqa: E501
+        "t10k-images-idx3-ubyte.gz": "d2223cd325784a5e01e09112cd7f626cfc3c78e2f26b81e1c3ac5152ced7be9f",  # noqa: E501
+        "t10k-labels-idx1-ubyte.gz": "673e491a4e3bc9ee3e19141f2f57173a1a1707a7d15ffac6adbbe7f985e2264e",  # noqa: E501
     },
     "mnist": {
-        "train-images-idx3-ubyte.gz": "a66944ab7c77489e7a3a6cc1fe66bc3084e11a11141237ed7537a3f1b2072f98",
-        "train-labels-idx1-ubyte.gz": "fdb8efb936f647a73024ce5e7c29b44e2048ff885293a84dfba7d09393708037",
-        "t10k-images-idx3-ubyte.gz": "9d573bf61bb651469c2e01ffc42d32220e2eed3c8991e7148223c2a05698ae86",
-        "t10k-labels-idx1-ubyte.gz": "2e5d96fa21a97a70e391239479319e3587978aa81a855c2a879c31d76768bcec",
+        "train-images-idx3-ubyte.gz": "a66944ab7c77489e7a3a6cc1fe66bc3084e11a11141237ed7537a3f1b2072f98",  # noqa: E501
+        "train-labels-idx1-ubyte.gz": "fdb8efb936f647a73024ce5e7c29b44e2048ff885293a84dfba7d09393708037",  # noqa: E501
+        "t10k-images-idx3-ubyte.gz": "9d573bf61bb651469c2e01ffc42d32220e2eed3c8991e7148223c2a05698ae86",  # noqa: E501
+        "t10k-labels-idx1-ubyte.gz": "2e5d96fa21a97a70e391239479319e3587978aa81a855c2a879c31d76768bcec",  # noqa: E501
     },
 }
+
+
+_KNOWN = {sha: (name, f) for name, spec in DATASETS.items() for f, sha in spec["sha256"].items()}
+_KNOWN |= {sha: (name, f) for name, sums in SAMPLE_SHA256.items() for f, sha in sums.items()}
+LARGEST_IDX = 16 + 60_000 * 28 * 28  # bytes of the largest file (training images)
 
 
 def cache_dir():
@@ -78,13 +85,8 @@ def cache_dir():
 
 
 def parse_idx(raw, name="<bytes>", expected_sha256=None):
-    """Parse decompressed IDX bytes into a uint8 array, checking hash, magic and size."""
-    if expected_sha256 is not None:
-        got = hashlib.sha256(raw).hexdigest()
-        if got != expected_sha256:
-            raise DataError(f"{name}: checksum mismatch (sha256 {got}, expected "
-                            f"{expected_sha256}); the file is damaged or not the original. "
-                            f"Delete it and load again to re-download.")
+    """Parse decompressed IDX bytes into a uint8 array, checking magic, size and hash (a
+    known file in the wrong place is named)."""
     if len(raw) < 4 or raw[0] != 0 or raw[1] != 0 or raw[2] != 0x08:
         raise DataError(f"{name}: not an unsigned-byte IDX file (bad magic number "
                         f"{raw[:4].hex() or 'empty'}; expected 000008xx)")
@@ -99,19 +101,39 @@ def parse_idx(raw, name="<bytes>", expected_sha256=None):
     if len(raw) != expected:
         raise DataError(f"{name}: {len(raw)} bytes but shape {shape} needs {expected}; "
                         f"the file is truncated or damaged")
+    got = hashlib.sha256(raw).hexdigest()
+    if expected_sha256 is not None and got != expected_sha256:
+        if got in _KNOWN and _KNOWN[got] != _KNOWN.get(expected_sha256):
+            raise DataError(f"{name}: this is {_KNOWN[got][0]}'s {_KNOWN[got][1]}, not the "
+                            f"file expected here; keep each data set's files in a folder of "
+                            f"its name (fashion-mnist/, mnist/)")
+        raise DataError(f"{name}: checksum mismatch (sha256 {got}, expected "
+                        f"{expected_sha256}); the file is damaged or not the original. "
+                        f"Delete it and load again to re-download.")
     return np.frombuffer(raw, np.uint8, offset=header).reshape(shape)
 
 
-def read_idx_gz(path, expected_sha256=None):
-    """Read one gzip-compressed IDX file into a uint8 array."""
+def read_idx_gz(path, expected_sha256=None, max_bytes=LARGEST_IDX):
+    """Read one gzip-compressed IDX file into a uint8 array; decompress at most
+    ``max_bytes`` (a file that holds more is refused before it fills the memory)."""
     path = pathlib.Path(path)
+    check.regular_files(path, "replace it with the data file, or delete it to download it")
+    parts, size = [], 0
     try:
         with gzip.open(path, "rb") as f:
-            raw = f.read()
-    except (OSError, EOFError) as e:
+            while size <= max_bytes and (part := f.read(1 << 20)):
+                parts.append(part)
+                size += len(part)
+    except (gzip.BadGzipFile, EOFError, zlib.error) as e:
         raise DataError(f"{path}: cannot decompress ({e}); the file is truncated or "
                         f"damaged. Delete it and load again.") from None
-    return parse_idx(raw, str(path), expected_sha256)
+    except OSError as e:
+        raise PathError(f"cannot read {path}: {e.strerror or e}") from None
+    if size > max_bytes:
+        raise DataError(f"{path}: decompresses to more than the {max_bytes:,} bytes the file "
+                        f"should hold (a damaged file, or a gzip bomb); delete it and load "
+                        f"again")
+    return parse_idx(b"".join(parts), str(path), expected_sha256)
 
 
 def _candidates(name, data_dir):
@@ -119,8 +141,9 @@ def _candidates(name, data_dir):
     roots = []
     if data_dir is not None:
         roots += [pathlib.Path(data_dir) / name, pathlib.Path(data_dir)]
-    if os.environ.get(DATA_ENV):
-        roots.append(pathlib.Path(os.environ[DATA_ENV]) / name)
+    env = check.env_folder(DATA_ENV)  # set: a folder that exists
+    if env is not None:
+        roots.append(env / name)
     roots.append(cache_dir() / name)
     if spec["debian"]:
         roots.append(pathlib.Path(spec["debian"]))
@@ -209,10 +232,13 @@ def dataset_dir(name="fashion-mnist", data_dir=None, download_missing=True, prog
 def _load_cached(name, root):
     is_sample = pathlib.Path(root) == sample_dir(name)
     sums = SAMPLE_SHA256[name] if is_sample else DATASETS[name]["sha256"]
+    sizes = SAMPLE_SIZES if is_sample else DATASETS[name].get("sizes", {})
     out = {}
     for split, (images, labels) in _SPLITS.items():
-        X = read_idx_gz(pathlib.Path(root) / images, sums[images])
-        y = read_idx_gz(pathlib.Path(root) / labels, sums[labels])
+        n = sizes.get(split)  # unknown: no more than the largest file
+        X = read_idx_gz(pathlib.Path(root) / images, sums[images],
+                        16 + 28 * 28 * n if n else LARGEST_IDX)
+        y = read_idx_gz(pathlib.Path(root) / labels, sums[labels], 8 + n if n else LARGEST_IDX)
         if X.ndim != 3 or y.ndim != 1 or len(X) != len(y):
             raise DataError(f"{root}: {split} images {X.shape} and labels {y.shape} "
                             f"do not match")
@@ -234,15 +260,16 @@ class Batches:
     one loader once per epoch reshuffles every epoch, and nothing outside the loader (another
     loader, a peek at a batch) changes its order."""
 
-    def __init__(self, X, y, batch_size, shuffle=False, drop_last=False, seed=0, epoch=0):
+    def __init__(self, X: np.ndarray, y: np.ndarray, batch_size: int, shuffle: bool = False,
+                 drop_last: bool = False, seed: int = 0, epoch: int = 0) -> None:
         self.X, self.y, self.batch_size = X, y, batch_size
         self.shuffle, self.drop_last, self.seed, self.epoch = shuffle, drop_last, seed, epoch
 
-    def __len__(self):
+    def __len__(self) -> int:
         n, b = len(self.X), self.batch_size
         return n // b if self.drop_last else -(-n // b)
 
-    def __iter__(self):
+    def __iter__(self) -> Iterator[tuple[np.ndarray, np.ndarray]]:
         n = len(self.X)
         if self.shuffle:
             order = np.random.default_rng((self.seed, self.epoch)).permutation(n)
@@ -259,67 +286,85 @@ class Batches:
 
 
 def _check_count(name, value, available):
-    if value is None:
-        return
-    if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= available:
+    try:
+        check.integer(1, available, none=True, **{name: value})
+    except InputError:
         raise InputError(f"{name}={value!r}: pass a number of examples from 1 to {available}, "
-                         f"or None for all {available}")
+                         f"or None for all {available}") from None
+
+
+def _check_resize(resize):
+    """``resize`` as (height, width) or None; ``32`` means (32, 32)."""
+    if resize is None:
+        return None
+    size = (resize, resize) if check._number(resize) is not None else tuple(resize)
+    if len(size) != 2 or any(not isinstance(check._number(s), int) or s < 1 for s in size):
+        raise InputError(f"resize={resize!r}: pass (height, width) as two positive "
+                         f"integers, e.g. (28, 28), or None to keep the original size")
+    return tuple(int(s) for s in size)
 
 
 class FashionMNIST:
     """d2l's Fashion-MNIST data module, as NumPy arrays in NHWC layout.
 
     ``train`` and ``val`` are ``(X, y)`` with X float32 in [0, 1] of shape (n, 28, 28, 1)
-    and y int32. ``num_train``/``num_val`` keep only the first examples. With the smoke switch
-    on (``D2L_MULTI_SMOKE=1``) at most 2048 training and 512 test examples are kept.
+    (``resize``: (n, height, width, 1); an int is a square) and y int32. ``num_train`` and
+    ``num_val`` keep only the first examples. With the smoke switch on
+    (``D2L_MULTI_SMOKE=1``) at most 2048 training and 512 test examples are kept.
     """
     name = "fashion-mnist"
     labels = ["t-shirt", "trouser", "pullover", "dress", "coat",
               "sandal", "shirt", "sneaker", "bag", "ankle boot"]
     smoke_sizes = (SAMPLE_SIZES["train"], SAMPLE_SIZES["test"])  # what the sample holds
 
-    def __init__(self, batch_size=64, resize=(28, 28), data_dir=None, *,
-                 num_train=None, num_val=None, seed=0):
-        if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
-            raise InputError(f"batch_size must be a positive integer, got {batch_size!r}")
-        if resize is not None and (
-                len(tuple(resize)) != 2 or any(isinstance(s, bool) or not isinstance(s, int)
-                                               or s < 1 for s in resize)):
-            raise InputError(f"resize={resize!r}: pass (height, width) as two positive "
-                             f"integers, e.g. (28, 28), or None to keep the original size")
-        if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
-            raise InputError(f"seed must be a non-negative integer, got {seed!r}")
+    def __init__(self, batch_size: int = 64, resize: int | tuple[int, int] | None = (28, 28),
+                 data_dir: str | os.PathLike | None = None, *, num_train: int | None = None,
+                 num_val: int | None = None, seed: int = 0) -> None:
+        check.positive(batch_size=batch_size)
+        self.resize = size = _check_resize(resize)
+        check.integer(0, seed=seed)
         raw = load_dataset(self.name, data_dir)
         full = DATASETS[self.name].get("sizes", {})  # the sample may stand in for all of it
         _check_count("num_train", num_train, full.get("train", len(raw["train"][1])))
         _check_count("num_val", num_val, full.get("test", len(raw["test"][1])))
         from .smoke_switch import shrink
-        self.batch_size, self.resize, self.seed = batch_size, resize, seed
-        self.train = self._prepare(*raw["train"], shrink(num_train, self.smoke_sizes[0]))
-        self.val = self._prepare(*raw["test"], shrink(num_val, self.smoke_sizes[1]))
+        keep = (shrink(num_train, self.smoke_sizes[0]), shrink(num_val, self.smoke_sizes[1]))
+        if size is not None:
+            n = sum(len(raw[split][1][:k]) for split, k in zip(("train", "test"), keep))
+            check.fits(n * size[0] * size[1] * 4, f"resize={resize!r}: {n:,} images of "
+                       f"{size[0]} x {size[1]} float32 values", "pass a smaller resize, or "
+                       "keep fewer examples (num_train, num_val)")
+        self.batch_size, self.seed = batch_size, seed
+        self.train = self._prepare(*raw["train"], keep[0])
+        self.val = self._prepare(*raw["test"], keep[1])
 
     def _prepare(self, X, y, n):
         X, y = X[:n], y[:n]
         X = (X.astype(np.float32) / 255.0)[..., None]
-        if self.resize is not None and tuple(self.resize) != X.shape[1:3]:
+        if self.resize is not None and self.resize != X.shape[1:3]:
             import jax
-            X = np.asarray(jax.image.resize(X, (len(X), *self.resize, 1), "bilinear"))
+            out = np.empty((len(X), *self.resize, 1), np.float32)
+            step = max(1, 2**26 // (self.resize[0] * self.resize[1]))  # 256 MB at a time
+            for i in range(0, len(X), step):
+                part = X[i:i + step]
+                out[i:i + step] = jax.image.resize(part, (len(part), *self.resize, 1),
+                                                   "bilinear")
+            X = out
         return X, y.astype(np.int32)
 
-    def text_labels(self, indices):
+    def text_labels(self, indices: Iterable[int]) -> list[str]:
         """Return the text labels of integer class indices."""
         return [self.labels[int(i)] for i in indices]
 
-    def get_dataloader(self, train, batch_size=None, drop_last=False, epoch=0):
+    def get_dataloader(self, train: bool, batch_size: int | None = None, drop_last: bool = False,
+                       epoch: int = 0) -> "Batches":
         """Return an iterable of ``(X, y)`` batches. Training batches come in the order of
         ``(seed, epoch)``, and every further pass over the same loader is the next epoch's:
         make the loader once and iterate it once per epoch (or pass ``epoch=k`` to a loader
         made for epoch ``k``). ``drop_last``: skip the last incomplete batch."""
         batch_size = self.batch_size if batch_size is None else batch_size
-        if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
-            raise InputError(f"batch_size must be a positive integer, got {batch_size!r}")
-        if isinstance(epoch, bool) or not isinstance(epoch, int) or epoch < 0:
-            raise InputError(f"epoch must be a non-negative integer, got {epoch!r}")
+        check.positive(batch_size=batch_size)
+        check.integer(0, epoch=epoch)
         X, y = self.train if train else self.val
         if drop_last and len(X) < batch_size:
             raise InputError(
@@ -329,13 +374,14 @@ class FashionMNIST:
         return Batches(X, y, batch_size, shuffle=train, drop_last=drop_last, seed=self.seed,
                        epoch=epoch)
 
-    def train_dataloader(self):
+    def train_dataloader(self) -> "Batches":
         return self.get_dataloader(train=True)
 
-    def val_dataloader(self):
+    def val_dataloader(self) -> "Batches":
         return self.get_dataloader(train=False)
 
-    def visualize(self, batch, nrows=1, ncols=8, labels=()):
+    def visualize(self, batch: tuple[Any, Any], nrows: int = 1, ncols: int = 8,
+                  labels: Sequence[str] = ()) -> Any:
         """Show a grid of images from a batch ``(X, y)`` with their text labels."""
         from .plot import show_images
         X, y = batch
@@ -349,7 +395,8 @@ class MNIST(FashionMNIST):
     labels = [str(i) for i in range(10)]
 
 
-def load_data_fashion_mnist(batch_size, resize=None):
+def load_data_fashion_mnist(batch_size: int, resize: int | tuple[int, int] | None = None
+                            ) -> tuple["Batches", "Batches"]:
     """d2l's older API: return ``(train_iter, test_iter)`` over Fashion-MNIST."""
     data = FashionMNIST(batch_size, resize=resize)
     return data.get_dataloader(True), data.get_dataloader(False)

@@ -23,12 +23,13 @@ import sys
 
 import jax
 import numpy as np
-from jax.sharding import NamedSharding, PartitionSpec as P
+from jax.sharding import Mesh, NamedSharding
+from jax.sharding import PartitionSpec as P
+from jax.typing import ArrayLike
 
 from . import _checks as check
 from .errors import InputError, NoAccessError, PathError
-from .hardware import device_mesh, set_cpu_compiler_flags, size_cpu_thread_pool
-
+from .hardware import set_cpu_compiler_flags, size_cpu_thread_pool
 
 # What the launcher (d2l_multi/launch.py) puts into every worker's environment.
 COORDINATOR_ENV = "D2L_MULTI_COORDINATOR_ADDRESS"
@@ -95,6 +96,10 @@ def launcher_settings(environ=None):
          if env.get(COLLECTIVE_TIMEOUT_ENV) else None,
          "secret": env.get(SECRET_ENV, ""),
          "launcher_pid": _env_int(LAUNCHER_PID_ENV, 1, env)}
+    if not re.fullmatch(r"[\w.-]+:\d{1,5}|\[[0-9a-fA-F:.]+\]:\d{1,5}", s["coordinator_address"]):
+        raise InputError(f"{COORDINATOR_ENV}={s['coordinator_address']!r} is not HOST:PORT; the "
+                         f"launcher sets it (python -m d2l_multi launch ...), so do not edit it "
+                         f"by hand")
     if s["process_id"] >= s["num_processes"]:
         raise InputError(f"{PROCESS_ID_ENV}={s['process_id']} but the job has only "
                          f"{s['num_processes']} processes (ids 0..{s['num_processes'] - 1})")
@@ -141,12 +146,9 @@ def detect_cluster(environ=None):
     return "tpu" if environ is None and _on_cloud_tpu_vm() else None
 
 
-def _check_devices_per_process(devices_per_process):
+def _check_devices_per_process(devices_per_process: int | None = None) -> None:
     """Raise a ValueError unless ``devices_per_process`` is a positive integer or None."""
-    if devices_per_process is not None and (type(devices_per_process) is not int
-                                            or devices_per_process < 1):
-        raise InputError(f"devices_per_process must be a positive integer or None, got "
-                         f"{devices_per_process!r}")
+    check.integer(1, none=True, devices_per_process=devices_per_process)
 
 
 def assert_device_counts(devices_per_process=None):
@@ -170,9 +172,9 @@ def _exit_at_once(kind, value, traceback):
     exit_worker(130 if issubclass(kind, KeyboardInterrupt) else 1)
 
 
-def _check_status(status=0):
+def _check_status(status: int = 0) -> None:
     """Raise a ValueError unless ``status`` is an exit status from 0 to 255."""
-    if isinstance(status, bool) or not isinstance(status, int) or not 0 <= status <= 255:
+    if not isinstance(check._number(status), int) or not 0 <= status <= 255:
         raise InputError(f"status must be an exit status from 0 to 255, got {status!r}")
 
 
@@ -188,10 +190,11 @@ def exit_worker(status=0):
 
 
 def _check_timeout(name, value):
-    if value is not None and (isinstance(value, bool) or not isinstance(value, int)
-                              or value < 1):
+    try:
+        check.integer(1, none=True, **{name: value})
+    except InputError:
         raise InputError(f"{name} must be a whole number of seconds >= 1, or None, got "
-                         f"{value!r}")
+                         f"{value!r}") from None
 
 
 def _bound_cpu_waits(collective):
@@ -214,6 +217,9 @@ def _port_in_use(address):
         s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
             s.bind((host.strip("[]"), int(port)))
+        except PermissionError:
+            return NoAccessError(f"process 0 could not start the coordinator on {address}: "
+                                 f"ports below 1024 need root; launch again without --port")
         except OSError as e:
             if e.errno != errno.EADDRINUSE:
                 return None  # leave it to JAX
@@ -267,7 +273,8 @@ def _check_members(secret):
                 f"by hand with copied D2L_MULTI_* settings). Stopping before any data moves")
 
 
-def initialize_distributed(heartbeat_timeout=None, collective_timeout=None):
+def initialize_distributed(heartbeat_timeout: int | None = None,
+                           collective_timeout: int | None = None) -> tuple[int, int]:
     """Join this process to its job; return ``(process_index, process_count)``.
 
     Under ``python -m d2l_multi launch``: simulate the launcher's number of CPU devices
@@ -325,18 +332,17 @@ def initialize_distributed(heartbeat_timeout=None, collective_timeout=None):
     return jax.process_index(), jax.process_count()
 
 
-def _check_batch_inputs(X, y, batch_size, seed, epoch):
-    """Raise a ValueError unless ``process_batches`` can take these arguments."""
-    check.labels(X, y)
+def _check_process_batches(X: ArrayLike, y: ArrayLike, batch_size: int, shuffle: bool = False,
+                           seed: int = 0, epoch: int = 0) -> None:
+    """Raise a ValueError unless ``process_batches`` can take these arguments: a batch no
+    larger than the data (an evaluation pads the last batch to its size)."""
+    check.examples(X, y)
+    check.labels(y)
     check.positive(batch_size=batch_size)
-    for name, value in [("seed", seed), ("epoch", epoch)]:
-        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-            raise InputError(f"{name} must be a non-negative integer, got {value!r}")
-
-
-def _check_process_batches(X, y, batch_size, shuffle=False, seed=0, epoch=0):
-    """Raise a ValueError unless ``process_batches`` can take these arguments."""
-    _check_batch_inputs(X, y, batch_size, seed, epoch)
+    check.integer(0, seed=seed, epoch=epoch)
+    if batch_size > len(X):
+        raise InputError(f"batch_size={batch_size!r} is larger than the data ({len(X)} "
+                         f"examples); pass at most {len(X)}")
     check.divisible(batch_size, jax.process_count(), over="processes")
 
 
@@ -357,11 +363,9 @@ def process_batches(X, y, batch_size, shuffle=False, seed=0, epoch=0):
         yield X[order[rows]], y[order[rows]], weight[rows]
 
 
-def _check_mesh_and_arrays(mesh, *local_arrays):
+def _check_mesh_and_arrays(mesh: Mesh, *local_arrays: ArrayLike) -> None:
     """Raise a ValueError unless ``mesh`` is a Mesh and ``local_arrays`` holds some arrays."""
-    if not isinstance(mesh, jax.sharding.Mesh):
-        raise InputError(f"mesh must be a jax.sharding.Mesh, e.g. d2l.device_mesh(), got "
-                         f"{type(mesh).__name__}")
+    check.mesh(mesh)
     if not local_arrays:
         raise InputError("pass the arrays to assemble, e.g. global_batch(mesh, X, y)")
 

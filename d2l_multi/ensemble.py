@@ -6,24 +6,26 @@ and one member's step, whose ``jit(shard_map)`` twin replaces ``pmap``.
 The shown functions carry no argument checks; their public names check first
 (``check.validated``), so bad input gets a message naming the fix."""
 import functools
+from typing import Any
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 from flax import jax_utils
+from flax.training.train_state import TrainState
 from jax import lax
-from jax.sharding import NamedSharding, PartitionSpec as P
+from jax.typing import ArrayLike
 
 from . import _checks as check
 from ._earlier import ensemble as d2l
 from .errors import InputError
+from .flax_models import _check_linen_batch
 
 
 def _check_ensemble_size(num_members, num_devices, one_per_device=False):
     """Raise a ValueError naming the fix unless ``num_members`` models fit
     ``num_devices``."""
-    if (isinstance(num_members, bool) or not isinstance(num_members, int)
-            or num_members < 1):
+    if not isinstance(check._number(num_members), int) or num_members < 1:
         raise InputError(f"an ensemble needs a positive number of models, got "
                          f"{num_members!r}")
     if one_per_device and num_members != num_devices:
@@ -83,16 +85,28 @@ def train_ensemble(state, data, num_epochs):
 
 # ----- the checks behind the public names -----
 
-def _check_pmap_keys(rngs, learning_rate, momentum):
+def _check_pmap_keys(rngs: jax.Array, learning_rate: float, momentum: float) -> None:
     _check_ensemble_size(len(rngs), jax.local_device_count(),
                          one_per_device=True)
+    check.positive(learning_rate=learning_rate)
+    check.nonnegative(momentum=momentum)
 
 
-def _check_epochs(state, data, num_epochs):
+def _check_member(state: TrainState, images: ArrayLike, labels: ArrayLike,
+                  axis_name: str) -> None:
+    _check_linen_batch(state, images, labels)
+
+
+def _check_members(state: TrainState, images: ArrayLike, labels: ArrayLike, *,
+                   axis_name: str = "ensemble") -> None:
+    _check_linen_batch(state, images, labels, stacked=1)
+
+
+def _check_epochs(state: TrainState, data: Any, num_epochs: int) -> None:
     check.positive(num_epochs=num_epochs)
 
 
-
-
+member_step = check.validated(member_step, _check_member)
+ensemble_step = check.validated(ensemble_step, _check_members)
 create_ensemble_state = check.validated(create_ensemble_state, _check_pmap_keys)
 train_ensemble = check.validated(train_ensemble, _check_epochs)

@@ -11,6 +11,9 @@ and ``update_model``; ``jit_train_step`` runs that ``TrainState`` under ``jit``;
 ``cnn_from_linen`` moves the Linen CNN's parameters into the NNX CNN, layer by layer.
 """
 import functools
+import weakref
+from collections.abc import Iterable
+from typing import Any
 
 import flax.linen as nn
 import jax
@@ -19,13 +22,14 @@ import optax
 from flax import nnx
 from flax.training import train_state
 from jax import lax
-from jax.sharding import AxisType, NamedSharding, PartitionSpec as P
+from jax.sharding import AxisType, Mesh, NamedSharding
+from jax.sharding import PartitionSpec as P
+from jax.typing import ArrayLike
 
 from . import _checks as check
 from ._earlier import flax_models as d2l
 from .errors import InputError
 from .hardware import devices
-
 
 # ----- Modern: Flax NNX, nnx.jit and shardings -----
 
@@ -100,7 +104,8 @@ def train_nnx(model, data, num_devices, lr, num_epochs):
     return history
 
 
-def _check_train_nnx(model, data, num_devices, lr, num_epochs):
+def _check_train_nnx(model: nnx.Module, data: Any, num_devices: int, lr: float,
+                     num_epochs: int) -> None:
     """Raise a ValueError for a bad setting of ``train_nnx``, naming the fix."""
     check.positive(lr=lr, num_epochs=num_epochs)
     devices(num_devices)  # that many devices exist
@@ -172,7 +177,7 @@ def cnn_from_linen(params):
     return model
 
 
-def _check_cnn_from_linen(params):
+def _check_cnn_from_linen(params: dict[str, Any]) -> None:
     """Raise a ValueError unless ``params`` has the layers of ``LinenCNN``."""
     _check_linen_layers(params, ("Conv_0", "Conv_1", "Dense_0", "Dense_1"))
 
@@ -216,8 +221,11 @@ class Residual(nnx.Module):
         return nnx.relu(y + x)
 
 
-def _check_arch(arch):
+def _check_arch(arch: tuple[tuple[int, int], ...], num_classes: int = 10, *,
+                rngs: nnx.Rngs) -> None:
     """Raise a ValueError unless ``arch`` is one or more positive ``(num_residuals, channels)``."""
+    _check_rngs(rngs=rngs)
+    check.positive(num_classes=num_classes)
     if not arch:
         raise InputError("arch is empty: give one (num_residuals, channels) per stage")
     for num_residuals, num_channels in arch:
@@ -256,54 +264,99 @@ def ResNet18(num_classes=10, width=64, *, rngs):
     return ResNet(arch, num_classes, rngs=rngs)
 
 
-ResNet = check.validated(ResNet, lambda arch, *args, **kwargs: _check_arch(arch))
+# ----- the checks behind the public names -----
+
+_IO: "weakref.WeakKeyDictionary[nnx.Module, int | None]" = weakref.WeakKeyDictionary()
 
 
-# ----- Classic: ResNet-18 in Linen (for notebooks that use Linen's init/apply) -----
-
-class LinenResidual(nn.Module):
-    """d2l's residual block in Linen: two 3x3 conv + BatchNorm, optionally a 1x1 conv on the
-    shortcut. ``axis_name``: the device axis over which BatchNorm averages under ``pmap``."""
-    channels: int
-    strides: int = 1
-    use_1x1conv: bool = False
-    axis_name: object = None
-
-    @nn.compact
-    def __call__(self, x, train=True):
-        norm = functools.partial(nn.BatchNorm, use_running_average=not train, momentum=0.9,
-                                 axis_name=self.axis_name)
-        y = nn.Conv(self.channels, (3, 3), self.strides, padding=1)(x)
-        y = nn.Conv(self.channels, (3, 3), padding=1)(nn.relu(norm()(y)))
-        y = norm()(y)
-        if self.use_1x1conv:
-            x = nn.Conv(self.channels, (1, 1), self.strides)(x)
-        return nn.relu(y + x)
+def _classes(model, images):
+    """The classes ``model`` tells images apart (its output size), traced once per model;
+    None if it cannot take ``images`` (its own call will say why)."""
+    if model not in _IO:
+        shape = jax.ShapeDtypeStruct((1, *jnp.shape(images)[1:]), jnp.float32)
+        try:
+            _IO[model] = nnx.eval_shape(lambda m, x: m(x), model, shape).shape[-1]
+        except Exception:
+            return None
+    return _IO[model]
 
 
-class LinenResNet(nn.Module):
-    """``ResNet`` in Linen: a 3x3 stem without max-pooling, then one stage per
-    ``(num_residuals, channels)`` in ``arch``; call with ``train=True`` or ``False``."""
-    arch: tuple
-    num_classes: int = 10
-    axis_name: object = None
-
-    @nn.compact
-    def __call__(self, x, train=True):
-        x = nn.Conv(self.arch[0][1], (3, 3), padding=1)(x)
-        x = nn.relu(nn.BatchNorm(use_running_average=not train, momentum=0.9,
-                                 axis_name=self.axis_name)(x))
-        for stage, (num_residuals, channels) in enumerate(self.arch):
-            for block in range(num_residuals):
-                first = stage > 0 and block == 0  # halve the size, change the channels
-                x = LinenResidual(channels, strides=2 if first else 1, use_1x1conv=first,
-                                  axis_name=self.axis_name)(x, train)
-        x = jnp.mean(x, axis=(1, 2))  # global average pooling
-        return nn.Dense(self.num_classes)(x)
+def _check_rngs(*, rngs: nnx.Rngs) -> None:
+    if not isinstance(rngs, nnx.Rngs):
+        raise InputError(f"rngs must be an nnx.Rngs, e.g. nnx.Rngs(0), got {rngs!r}")
 
 
-def LinenResNet18(num_classes=10, width=64, axis_name=None):
-    """``ResNet18`` in Linen: four stages of two residual blocks, ``width`` to 8 x ``width``
-    channels; its variables come from ``init`` (``params`` and ``batch_stats``)."""
-    check.positive(num_classes=num_classes, width=width)
-    return LinenResNet(tuple((2, width * 2 ** i) for i in range(4)), num_classes, axis_name)
+def _check_batch(model: nnx.Module, images: ArrayLike, labels: ArrayLike) -> None:
+    """Refuse images not NHWC, holding NaN, or labels not among ``model``'s classes."""
+    check.examples(images, labels, ("images", "labels"))
+    check.images(images, name="images")
+    check.finite_values(images, "images")
+    check.labels(labels, _classes(model, images), "labels")
+
+
+def _check_step(model: nnx.Module, optimizer: nnx.Optimizer, images: ArrayLike,
+                labels: ArrayLike) -> None:
+    _check_batch(model, images, labels)
+
+
+def _check_evaluate(model: nnx.Module, data_iter: Iterable[tuple[ArrayLike, ArrayLike]],
+                    mesh: Mesh) -> None:
+    check.mesh(mesh)
+    if hasattr(data_iter, "__len__"):
+        check.nonempty(data_iter=data_iter)
+
+
+def _check_train_state(rng: jax.Array, learning_rate: float, momentum: float) -> None:
+    check.positive(learning_rate=learning_rate)
+    check.nonnegative(momentum=momentum)
+
+
+def _check_linen_batch(state: train_state.TrainState, images: ArrayLike, labels: ArrayLike,
+                       stacked: int = 0) -> None:
+    """Refuse a batch LinenCNN cannot take (``stacked``: one per device, stacked)."""
+    classes = jnp.shape(jax.tree.leaves(state.params)[-1])[-1]
+    check.images(images, name="images", stacked=stacked)
+    check.finite_values(images, "images")
+    check.labels(labels, classes, "labels", stacked=stacked)
+
+
+def _check_loss(params: Any, state: train_state.TrainState, images: ArrayLike,
+                labels: ArrayLike) -> None:
+    _check_linen_batch(state, images, labels)
+
+
+def _check_pmapped(state: train_state.TrainState, images: ArrayLike, labels: ArrayLike) -> None:
+    _check_linen_batch(state, images, labels, stacked=1)
+
+
+def _check_jit_step(state: train_state.TrainState, images: ArrayLike, labels: ArrayLike) -> None:
+    _check_linen_batch(state, images, labels)
+
+
+def _check_update(state: train_state.TrainState, grads: Any) -> None:
+    check.tree(grads, "grads")
+
+
+def _check_residual(in_channels: int, channels: int, strides: int = 1,
+                    use_1x1conv: bool = False, *, rngs: nnx.Rngs) -> None:
+    check.integer(1, in_channels=in_channels, channels=channels, strides=strides)
+    _check_rngs(rngs=rngs)
+
+
+def _check_resnet18(num_classes: int = 10, width: int = 64, *, rngs: nnx.Rngs) -> None:
+    check.integer(1, num_classes=num_classes, width=width)
+    _check_rngs(rngs=rngs)
+
+
+CNN = check.validated(CNN, _check_rngs)
+nnx_train_step = check.validated(nnx_train_step, _check_step)
+num_correct_nnx = check.validated(num_correct_nnx, _check_batch)
+evaluate_nnx = check.validated(check.some_batches(evaluate_nnx), _check_evaluate)
+create_train_state = check.validated(create_train_state, _check_train_state)
+cross_entropy_loss = check.validated(cross_entropy_loss, _check_loss)
+apply_model = check.validated(apply_model, _check_pmapped)
+update_model = check.validated(update_model, _check_update)
+jit_train_step = check.validated(jit_train_step, _check_jit_step)
+Residual = check.validated(Residual, _check_residual)
+ResNet = check.validated(ResNet, _check_arch)
+ResNet18 = check.validated(ResNet18, _check_resnet18)

@@ -5,7 +5,10 @@ reader can import ``d2l_multi`` and still choose how many devices to simulate.
 """
 import math
 import os
+from collections.abc import MutableMapping, Sequence
+from typing import Any
 
+from . import _checks as check
 from .errors import InputError
 
 _choice = None  # (devices, reason), decided once per process by ``devices()``
@@ -16,14 +19,13 @@ def _jax():
     return jax
 
 
-def simulate_devices(n=8):
+def simulate_devices(n: int = 8) -> list[Any]:
     """Make JAX expose ``n`` CPU devices; call before any JAX computation.
 
     Accelerators are never hidden. Returns the devices the chapter will use (``devices()``):
     the accelerators when there are at least ``max(2, n)``, otherwise the ``n`` CPU devices.
     """
-    if isinstance(n, bool) or not isinstance(n, int) or n < 1:
-        raise InputError(f"simulate_devices needs a positive integer, got {n!r}")
+    check.integer(1, n=n)
     jax = _jax()
     try:
         jax.config.update("jax_num_cpu_devices", n)
@@ -40,7 +42,7 @@ def simulate_devices(n=8):
     return devices()
 
 
-def size_cpu_thread_pool(n, environ=None):
+def size_cpu_thread_pool(n: int, environ: MutableMapping[str, str] | None = None) -> None:
     """Give XLA:CPU's thread pool at least ``2 n`` threads (``PJRT_NPROC``) for ``n`` devices.
 
     XLA:CPU launches and runs multi-device steps on one pool of max(cores, n) threads. Once 32
@@ -54,7 +56,7 @@ def size_cpu_thread_pool(n, environ=None):
         env["PJRT_NPROC"] = str(2 * n)
 
 
-def cpu_threads(environ=None):
+def cpu_threads(environ: MutableMapping[str, str] | None = None) -> int:
     """The threads XLA:CPU's pool starts with: ``PJRT_NPROC`` (or ``NPROC``), else the cores
     this process may use; the pool holds at least one thread per simulated device."""
     env = os.environ if environ is None else environ
@@ -71,7 +73,8 @@ CPU_COMPILER_FLAGS = ("--xla_cpu_experimental_ynn_fusion_type=",)
 _FLAGGED_JAXLIB = ((0, 10), (0, 12))  # versions whose XLA has these flags (0.10.2 measured)
 
 
-def set_cpu_compiler_flags(environ=None, jaxlib_version=None):
+def set_cpu_compiler_flags(environ: MutableMapping[str, str] | None = None,
+                           jaxlib_version: str | None = None) -> list[str]:
     """Add ``CPU_COMPILER_FLAGS`` to ``XLA_FLAGS``, so XLA:CPU computes convolutions itself.
 
     By default XLA:CPU (jaxlib 0.10-0.11) hands convolutions, matrix products and some
@@ -98,7 +101,7 @@ def set_cpu_compiler_flags(environ=None, jaxlib_version=None):
     return added
 
 
-def choose_devices(accelerators, cpus):
+def choose_devices(accelerators: Sequence[Any], cpus: Sequence[Any]) -> tuple[list[Any], str]:
     """The devices the chapter runs on, and why: the accelerators when there are at least two
     and at least as many as the simulated CPU devices (a notebook written for 8 devices needs
     8); otherwise the CPU devices, so that "N devices" means more than one."""
@@ -118,10 +121,29 @@ def choose_devices(accelerators, cpus):
 
 
 def _accelerators():
-    """Every device that is not a CPU, whichever backend is JAX's default."""
+    """Every device that is not a CPU, whichever backend is JAX's default. An InputError
+    when ``JAX_PLATFORMS`` names a platform JAX cannot start here."""
     jax = _jax()
     from jax.extend import backend
-    return [d for name in backend.backends() if name != "cpu" for d in jax.devices(name)]
+    try:
+        return [d for name in backend.backends() if name != "cpu" for d in jax.devices(name)]
+    except (RuntimeError, AssertionError) as e:  # JAX says 'assert' for an unknown plugin
+        asked = os.environ.get("JAX_PLATFORMS", "").strip()
+        if not asked:
+            raise
+        why = str(e).split(" (set JAX_PLATFORMS")[0] or "no backend of that name starts"
+        raise InputError(f"JAX_PLATFORMS={asked!r} names a platform this machine lacks "
+                         f"({why}); set it to one of {_platforms()}, or unset it to let JAX "
+                         f"choose") from None
+
+
+def _platforms():
+    """The platforms JAX can start here at most: the CPU and those of installed plugins."""
+    import importlib.metadata
+    import importlib.util
+    names = {"cpu"} | {kind for ep in importlib.metadata.entry_points(group="jax_plugins")
+                       for kind in ("cuda", "rocm") if kind in ep.name}
+    return sorted(names | ({"tpu"} if importlib.util.find_spec("libtpu") else set()))
 
 
 def _cpu_first():
@@ -155,23 +177,24 @@ def _chosen():
     return _choice[0]
 
 
-def num_gpus():
+def num_gpus() -> int:
     """Return the number of accelerators (GPUs or TPUs); 0 on a CPU-only machine."""
     return len(_accelerators())
 
 
-def try_all_gpus():
+def try_all_gpus() -> list[Any]:
     """Return the devices the chapter uses (``devices()``); never ``[]``, unlike d2l's."""
     return devices()
 
 
-def try_gpu(i=0):
+def try_gpu(i: int = 0) -> Any:
     """Return device ``i`` of ``devices()`` if it exists, else the first CPU device."""
+    check.integer(0, i=i)
     devs = devices()
-    return devs[i] if 0 <= i < len(devs) else _jax().devices("cpu")[0]
+    return devs[i] if i < len(devs) else _jax().devices("cpu")[0]
 
 
-def devices(n=None):
+def devices(n: int | None = None) -> list[Any]:
     """Return the first ``n`` devices the chapter uses (all when ``n`` is None).
 
     Those are the accelerators when there are at least two and no fewer than the simulated
@@ -181,8 +204,7 @@ def devices(n=None):
     devs = _chosen()
     if n is None:
         return list(devs)
-    if isinstance(n, bool) or not isinstance(n, int) or n < 1:
-        raise InputError(f"the number of devices must be a positive integer, got {n!r}")
+    check.integer(1, **{"the number of devices": n})
     if n > len(devs):
         kind = devs[0].platform.upper()
         hint = (f"Simulate more CPU devices: restart Python and call "
@@ -196,7 +218,7 @@ def devices(n=None):
 _first_devices = devices  # device_mesh's argument ``devices`` hides the function
 
 
-def describe_machine():
+def describe_machine() -> str:
     """One line naming this machine: CPU model, cores, load average and OS (starts no JAX)."""
     import platform
     cpu = platform.processor() or platform.machine()
@@ -210,13 +232,15 @@ def describe_machine():
             f"{platform.system()} {platform.release()}")
 
 
-def describe(devs):
+def describe(devs: Sequence[Any]) -> str:
     """A short human label for a list of devices, e.g. ``'8 cpu devices'``."""
+    check.devices(devs, "devs")
     kinds = sorted({d.platform for d in devs})
     return f"{len(devs)} {'/'.join(kinds)} device{'s' if len(devs) != 1 else ''}"
 
 
-def device_mesh(shape=(-1,), axis_names=None, devices=None):
+def device_mesh(shape: Sequence[int] = (-1,), axis_names: Sequence[str] | None = None,
+                devices: Sequence[Any] | None = None) -> Any:
     """A mesh with Auto axes over ``devices`` (default: the first ones of ``d2l.devices()``).
 
     One size in ``shape`` may be -1, meaning 'the remaining devices': ``(-1,)`` is a 1-D mesh
@@ -224,19 +248,21 @@ def device_mesh(shape=(-1,), axis_names=None, devices=None):
     are named ``('data',)`` or ``('data', 'model')`` unless ``axis_names`` says otherwise.
     """
     jax = _jax()
-    shape = tuple(shape)
+    shape = (shape,) if check._number(shape) is not None else tuple(shape)
     if axis_names is None:
         axis_names = ("data", "model")[:len(shape)] if len(shape) <= 2 else ()
     axis_names = tuple(axis_names)
     if len(shape) != len(axis_names):
         raise InputError(f"mesh shape {shape} has {len(shape)} axes but axis_names "
                          f"{axis_names} has {len(axis_names)}; give one size per name")
-    if any(isinstance(s, bool) or not isinstance(s, int) or (s < 1 and s != -1)
+    if any(not isinstance(check._number(s), int) or (s < 1 and s != -1)
            for s in shape) or shape.count(-1) > 1:
         raise InputError(f"mesh shape {shape}: sizes must be positive integers, with at most "
                          f"one -1 (the remaining devices), e.g. (8,) or (2, -1)")
+    shape = tuple(int(s) for s in shape)
     if devices is None:
         devices = _first_devices(None if -1 in shape else math.prod(shape))
+    check.devices(devices)
     devices = list(devices)
     n, known = len(devices), math.prod(s for s in shape if s != -1)
     if -1 in shape and n % known == 0:

@@ -144,7 +144,7 @@ def collective_ops(hlo_text: str) -> list:
     return ops
 
 
-def _check_hlo_text(hlo_text, *args, **kwargs):
+def _check_hlo_text(hlo_text: str) -> None:
     """Raise an InputError unless ``hlo_text`` is HLO text (a string), not a compiled program."""
     if not isinstance(hlo_text, str):
         raise InputError(f"HLO text is needed, not a {type(hlo_text).__name__}: "

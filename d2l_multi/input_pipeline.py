@@ -2,7 +2,10 @@
 per-process sharded pipeline whose position (the iterator state) can be saved and restored with
 a checkpoint, and whose state says which pipeline it belongs to. The public names check their
 arguments first (``check.validated``)."""
+from typing import Any
+
 import grain
+from jax.typing import ArrayLike
 
 from . import _checks as check
 from .errors import InputError
@@ -25,8 +28,9 @@ class ArraySource:
                 f"y={self.y.dtype}{list(self.y.shape)})")
 
 
-def _check_source(self, X, y):
-    check.labels(X, y)
+def _check_source(self: ArraySource, X: ArrayLike, y: ArrayLike) -> None:
+    check.examples(X, y)
+    check.labels(y)
 
 
 ArraySource.__init__ = check.validated(ArraySource.__init__, _check_source)
@@ -68,15 +72,14 @@ class CheckedPipeline(grain.IterDataset):
 def _check_loader_inputs(num_records, count, batch_size, seed, num_epochs):
     """Raise a ValueError unless ``batch_size``, ``seed`` and ``num_epochs`` suit a shard."""
     per_shard = num_records // count
-    if isinstance(batch_size, bool) or not isinstance(batch_size, int) or not (
-            1 <= batch_size <= per_shard):
+    try:
+        check.integer(1, per_shard, batch_size=batch_size)
+    except InputError:
         raise InputError(f"batch_size={batch_size!r}, but this process's shard holds {per_shard} "
                          f"records ({num_records} records / {count} shards); pass an integer "
-                         f"from 1 to {per_shard}")
-    if isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed < 2**32:
-        raise InputError(f"seed must be an integer from 0 to 2**32 - 1, got {seed!r}")
-    if num_epochs is not None:
-        check.positive(num_epochs=num_epochs)
+                         f"from 1 to {per_shard}") from None
+    check.integer(0, 2**32 - 1, seed=seed)
+    check.integer(1, none=True, num_epochs=num_epochs)
 
 
 def grain_loader(source, batch_size, seed=0, num_epochs=None,
@@ -97,13 +100,23 @@ def grain_loader(source, batch_size, seed=0, num_epochs=None,
                                      f"of {count}, batch_size={batch_size}")
 
 
-def _check_grain_loader(source, batch_size, seed=0, num_epochs=None,
-                        shard_options=None):
+def _check_grain_loader(source: Any, batch_size: int, seed: int = 0,
+                        num_epochs: int | None = None,
+                        shard_options: grain.sharding.ShardOptions | None = None) -> None:
     """Raise a ValueError unless the arguments make a pipeline."""
+    check.nonempty(source=source)
     if shard_options is None:
         shard_options = grain.sharding.ShardByJaxProcess(drop_remainder=True)
     _check_loader_inputs(len(source), shard_options.shard_count, batch_size,
                          seed, num_epochs)
 
 
+def _check_description(self: Any, parent: Any, description: str) -> None:
+    if not isinstance(description, str):
+        raise InputError(f"description must be a string naming the pipeline, got "
+                         f"{description!r}")
+
+
 grain_loader = check.validated(grain_loader, _check_grain_loader)
+CheckedIterator.__init__ = check.validated(CheckedIterator.__init__, _check_description)
+CheckedPipeline.__init__ = check.validated(CheckedPipeline.__init__, _check_description)

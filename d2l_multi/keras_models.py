@@ -4,7 +4,15 @@ and a stateless training step that ``jax.jit`` parallelises over a sharded batch
 Keras reads ``KERAS_BACKEND`` when it is first imported, so nothing here imports keras at module
 import time: set ``os.environ['KERAS_BACKEND'] = 'jax'`` first, then call these functions.
 """
+import os
+import sys
+from collections.abc import Callable
+from typing import Any
+
 import jax
+
+from . import _checks as check
+from .errors import InputError
 
 
 def keras_convnet():
@@ -59,3 +67,39 @@ def keras_assign_state(model, optimizer, state):
     device = jax.devices()[0]
     for variable, value in zip(variables, jax.tree.leaves(state)):
         variable.assign(jax.device_put(value, device, may_alias=False))
+
+
+# ----- the checks behind the public names: Keras must run on JAX -----
+
+def _check_backend() -> None:
+    """Raise an InputError unless Keras runs (or will run) on JAX: it reads KERAS_BACKEND
+    once, at its first import."""
+    keras = sys.modules.get("keras")
+    backend = keras.backend.backend() if keras else os.environ.get("KERAS_BACKEND", "jax")
+    if backend != "jax":
+        where = f"Keras runs on {backend!r}" if keras else f"KERAS_BACKEND={backend!r}"
+        raise InputError(f"{where}, but these functions need 'jax': set os.environ["
+                         f"'KERAS_BACKEND'] = 'jax' before Keras is first imported (restart "
+                         f"the kernel if it was)")
+
+
+def _check_state(model: Any, optimizer: Any) -> None:
+    _check_backend()
+
+
+def _check_step(model: Any, loss_fn: Callable[..., Any], optimizer: Any) -> None:
+    _check_backend()
+    if not callable(loss_fn):
+        raise InputError(f"loss_fn must be a Keras loss, e.g. keras.losses."
+                         f"SparseCategoricalCrossentropy(from_logits=True), got {loss_fn!r}")
+
+
+def _check_assign(model: Any, optimizer: Any, state: tuple[Any, Any, Any]) -> None:
+    _check_backend()
+    check.tree(state, "state")
+
+
+keras_convnet = check.validated(keras_convnet, _check_backend)
+keras_train_state = check.validated(keras_train_state, _check_state)
+make_keras_train_step = check.validated(make_keras_train_step, _check_step)
+keras_assign_state = check.validated(keras_assign_state, _check_assign)

@@ -4,8 +4,11 @@ with the bandwidth-optimal ring algorithms.
 
 The shown functions carry no argument checks; their public names check first
 (``check.validated``), so bad input gets a message naming the fix."""
+from collections.abc import Callable
+from typing import Any
+
 import jax
-from jax.sharding import NamedSharding, PartitionSpec
+from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from . import _checks as check
 from .errors import InputError
@@ -37,7 +40,9 @@ def ring_bytes(op):
     return out                         # collective-permute: one send
 
 
-def _check_run_sharded(program, mesh, in_specs, out_specs, *arrays):
+def _check_run_sharded(program: Callable[..., Any], mesh: Mesh,
+                       in_specs: tuple[PartitionSpec, ...], out_specs: Any,
+                       *arrays: Any) -> None:
     if not callable(program):
         raise InputError(f"program must be the function one device runs, got {program!r}")
     if len(in_specs) != len(arrays):
@@ -51,7 +56,7 @@ def _check_run_sharded(program, mesh, in_specs, out_specs, *arrays):
             check.spec(spec, mesh, jax.numpy.shape(leaf))
 
 
-def _check_ring_bytes(op):
+def _check_ring_bytes(op: CollectiveOp) -> None:
     if not isinstance(op, CollectiveOp) or op.kind not in COLLECTIVES:
         raise InputError(f"ring_bytes reads one collective of d2l.collective_ops(hlo_text), "
                         f"got {op!r}")

@@ -5,16 +5,17 @@ import contextlib
 import io
 import math
 import re
+from collections.abc import Callable
+from typing import Any
 
 import jax
 import jax.ad_checkpoint
 import jax.numpy as jnp
 from flax import nnx
 
-from .transformer import TransformerLM, lm_loss
-
 from . import _checks as check
 from .errors import InputError
+from .transformer import TransformerLM, lm_loss
 
 OPTIMIZER_STATE_COPIES = {"sgd": 0, "momentum": 1, "adam": 2}  # per parameter
 
@@ -35,8 +36,9 @@ def training_memory(num_params, activation_bytes=0, optimizer="adam",
     return {**memory, "total": sum(memory.values())}
 
 
-def _check_training_memory(num_params, activation_bytes=0, optimizer="adam",
-                           param_shards=1, batch_shards=1, bytes_per_value=4):
+def _check_training_memory(num_params: int, activation_bytes: float = 0,
+                           optimizer: str = "adam", param_shards: int = 1,
+                           batch_shards: int = 1, bytes_per_value: int = 4) -> None:
     """Raise a ValueError unless ``optimizer`` is in ``OPTIMIZER_STATE_COPIES``,
     the sizes are > 0 and the activations >= 0 (``training_memory``'s
     arguments)."""
@@ -47,9 +49,7 @@ def _check_training_memory(num_params, activation_bytes=0, optimizer="adam",
     check.positive(num_params=num_params, param_shards=param_shards,
                    batch_shards=batch_shards,
                    bytes_per_value=bytes_per_value)
-    if not activation_bytes >= 0:
-        raise InputError(f"activation_bytes must be a number >= 0, "
-                         f"got {activation_bytes!r}")
+    check.nonnegative(activation_bytes=activation_bytes)
 
 
 training_memory = check.validated(training_memory, _check_training_memory)
@@ -91,11 +91,23 @@ def transformer_footprint(num_layers, d_model, num_heads, seq_len, batch_size,
     return params1 + (num_layers - 1) * (params2 - params1), activations
 
 
-def _check_transformer_footprint(num_layers, d_model, num_heads, seq_len,
-                                 batch_size, vocab_size, remat=False):
+def _check_transformer_footprint(num_layers: int, d_model: int, num_heads: int,
+                                 seq_len: int, batch_size: int, vocab_size: int,
+                                 remat: bool = False) -> None:
     """Raise a ValueError unless the layers and the batch size are > 0."""
     check.positive(num_layers=num_layers, batch_size=batch_size)
 
 
+def _check_count(tree: Any) -> None:
+    check.tree(tree, "tree")
+
+
+def _check_saved(f: Callable[..., Any], *args: Any) -> None:
+    if not callable(f):
+        raise InputError(f"f must be the function to differentiate, got {f!r}")
+
+
 transformer_footprint = check.validated(transformer_footprint,
                                         _check_transformer_footprint)
+count_params = check.validated(count_params, _check_count)
+saved_activation_bytes = check.validated(saved_activation_bytes, _check_saved)

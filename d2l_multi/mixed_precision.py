@@ -6,18 +6,22 @@ import math
 import pathlib
 import tempfile
 import uuid
+from collections.abc import Callable
+from typing import Any
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
 from jax.flatten_util import ravel_pytree
+from jax.sharding import Mesh
+from jax.typing import ArrayLike, DTypeLike
 
 from . import _checks as check
 from ._earlier import mixed_precision as d2l
-from .errors import InputError
 from .concise import shard, shard_batch
-from .models import num_correct
+from .errors import InputError
+from .models import Params, check_batch, num_correct
 from .utils import Accumulator
 
 
@@ -80,7 +84,7 @@ def train_sharded(train_step, params, optimizer, data, mesh, num_epochs):
     return params, accuracies
 
 
-def partitioned_hlo(lowered):
+def partitioned_hlo(lowered: jax.stages.Lowered) -> str:
     """The HLO text of ``lowered`` (``jax.jit(f).lower(...)``) right after
     XLA's SPMD partitioner: the collectives the program asks for, before a
     backend adapts them.
@@ -104,7 +108,7 @@ def partitioned_hlo(lowered):
         return pathlib.Path(files[-1]).read_text()
 
 
-def _check_allreduce_bytes(hlo_text):
+def _check_allreduce_bytes(hlo_text: str) -> None:
     """Raise a TypeError unless ``hlo_text`` is HLO text (a string)."""
     if not isinstance(hlo_text, str):
         raise InputError(f"allreduce_bytes reads HLO text, not a "
@@ -112,9 +116,10 @@ def _check_allreduce_bytes(hlo_text):
                          f"f.lower(*args).compile().as_text()")
 
 
-def _check_lost_updates(params, updates, dtype):
+def _check_lost_updates(params: Any, updates: Any, dtype: DTypeLike) -> None:
     """Refuse updates shaped unlike the parameters, or a dtype that is not a
     floating-point type."""
+    check.tree(params)
     if jax.tree.structure(params) != jax.tree.structure(updates):
         raise InputError("updates must have the structure of params (one "
                          "update per parameter array)")
@@ -132,7 +137,8 @@ def _check_float_dtype(dtype, name="compute_dtype"):
                          f"jnp.bfloat16, got {dtype!r}")
 
 
-def _check_mixed_step(optimizer, loss, compute_dtype=jnp.bfloat16):
+def _check_mixed_step(optimizer: optax.GradientTransformation, loss: Callable[..., jax.Array],
+                      compute_dtype: DTypeLike = jnp.bfloat16) -> None:
     """Refuse a step without an optax optimizer, a loss function or a
     floating-point compute dtype."""
     check.optimizer(optimizer)
@@ -142,19 +148,26 @@ def _check_mixed_step(optimizer, loss, compute_dtype=jnp.bfloat16):
     _check_float_dtype(compute_dtype)
 
 
-def _check_train_sharded(train_step, params, optimizer, data, mesh,
-                         num_epochs):
+def _check_train_sharded(train_step: Callable[..., Any], params: Params,
+                         optimizer: optax.GradientTransformation, data: Any, mesh: Mesh,
+                         num_epochs: int) -> None:
     """Refuse a non-positive epoch count, or batches (training or test) that
     do not split evenly over the devices of ``mesh``."""
     check.positive(num_epochs=num_epochs)
     check.optimizer(optimizer)
+    check.mesh(mesh)
     check.divisible(data.batch_size, mesh.size)
     last = len(data.val[1]) % data.batch_size  # a smaller last test batch
     check.divisible(last or data.batch_size, mesh.size,
                     "the last test batch: size")
 
 
+def _check_mixed_loss(params: Params, X: ArrayLike, y: ArrayLike) -> None:
+    check_batch(params, X, y)
+
+
 lost_updates = check.validated(lost_updates, _check_lost_updates)
+mixed_loss_fn = check.validated(mixed_loss_fn, _check_mixed_loss)
 make_mixed_precision_step = check.validated(make_mixed_precision_step,
                                             _check_mixed_step)
 allreduce_bytes = check.validated(allreduce_bytes, _check_allreduce_bytes)

@@ -5,13 +5,17 @@ CPU and GPU alike. ``conv2d`` is XLA's convolution; ``conv2d_im2col`` computes t
 matrix product over shifted slices (im2col), the formulation the appendix A1_fast_lenet_on_cpu
 measures against it.
 """
+from collections.abc import Iterable
+
 import jax
 import jax.numpy as jnp
 import optax
 from jax import lax
+from jax.typing import ArrayLike
 
 from . import _checks as check
 from ._earlier import models as d2l
+from .errors import InputError
 
 
 def init_lenet_params(key):
@@ -63,13 +67,6 @@ def loss_fn(params, X, y):
     return optax.softmax_cross_entropy(logits, jax.nn.one_hot(y, 10)).mean()
 
 
-def _check_loss_inputs(params, X, y):
-    check.labels(X, y, num_classes=jnp.shape(jax.tree.leaves(params)[-1])[-1])
-
-
-loss_fn = check.validated(loss_fn, _check_loss_inputs)
-
-
 @jax.jit
 def num_correct(params, X, y):
     """How many of LeNet's predictions for ``X`` equal the labels ``y``."""
@@ -82,3 +79,62 @@ def evaluate_accuracy(params, data_iter):
     for X, y in data_iter:
         metric.add(num_correct(params, X, y), y.size)
     return metric[0] / metric[1]
+
+
+# The checks around the functions above, which the chapter shows without them.
+
+Params = list[jax.Array]  # LeNet's [W1, b1, ..., W4, b4], or a copy per device stacked
+
+
+def lenet_io(params: Params) -> tuple[int, int]:
+    """The channels of the images and the classes LeNet's ``params`` take."""
+    check.tree(params)
+    leaves = jax.tree.leaves(params)
+    return jnp.shape(leaves[0])[-2], jnp.shape(leaves[-1])[-1]
+
+
+def check_batch(params: Params, X: ArrayLike, y: ArrayLike) -> None:
+    """Refuse a batch LeNet's ``params`` cannot take: images not NHWC with its channels, a
+    NaN or infinity in them, labels that are not its class indices."""
+    channels, classes = lenet_io(params)
+    check.examples(X, y)
+    check.images(X, channels)
+    check.finite_values(X)
+    check.labels(y, classes)
+
+
+def _check_key(key: jax.Array) -> None:
+    if not isinstance(key, jax.Array):
+        raise InputError(f"key must be a JAX random key, e.g. jax.random.key(0), got {key!r}")
+
+
+def _check_conv(X: ArrayLike, W: ArrayLike, b: ArrayLike) -> None:
+    check.images(X)
+    if jnp.ndim(W) != 4 or jnp.shape(W)[2] != jnp.shape(X)[3]:
+        raise InputError(f"W has shape {jnp.shape(W)}; a kernel is HWIO (height, width, "
+                         f"{jnp.shape(X)[3]} input channels as X has, output channels)")
+
+
+def _check_pool(X: ArrayLike, size: int = 2) -> None:
+    check.images(X)
+    check.integer(1, size=size)
+
+
+def _check_lenet(params: Params, X: ArrayLike) -> None:
+    check.images(X, lenet_io(params)[0])
+
+
+def _check_evaluate(params: Params, data_iter: Iterable[tuple[ArrayLike, ArrayLike]]) -> None:
+    check.tree(params)
+    if hasattr(data_iter, "__len__"):
+        check.nonempty(data_iter=data_iter)
+
+
+init_lenet_params = check.validated(init_lenet_params, _check_key)
+conv2d = check.validated(conv2d, _check_conv)
+conv2d_im2col = check.validated(conv2d_im2col, _check_conv)
+avg_pool2d = check.validated(avg_pool2d, _check_pool)
+lenet = check.validated(lenet, _check_lenet)
+loss_fn = check.validated(loss_fn, check_batch)
+num_correct = check.validated(num_correct, check_batch)
+evaluate_accuracy = check.validated(check.some_batches(evaluate_accuracy), _check_evaluate)

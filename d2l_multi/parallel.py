@@ -2,14 +2,16 @@
 gradients are averaged with ``lax.pmean``, and LeNet trained on 1 or N devices."""
 import functools
 import math
+from typing import Any
 
 import jax
-import numpy as np
 from jax import lax
+from jax.typing import ArrayLike
 
 from . import _checks as check
-from .errors import DivergedError
 from ._earlier import parallel as d2l
+from .errors import DivergedError
+from .models import Params, check_batch, lenet_io
 
 
 def split_batch(X, y, num_devices):
@@ -71,16 +73,51 @@ def train(num_devices, batch_size, lr, num_epochs=10, data=None):
 
 # The checks around the functions above, which the chapter shows without them.
 
-def _check_split_batch(X, y, num_devices):
+def _check_split_batch(X: ArrayLike, y: ArrayLike, num_devices: int) -> None:
     """Refuse labels that do not match ``X`` and a batch that does not divide."""
-    check.labels(X, y)
+    check.examples(X, y)
+    check.labels(y)
     check.divisible(len(X), num_devices)
 
 
-def _check_train(num_devices, batch_size, lr, num_epochs=10, data=None):
-    """Refuse a batch that does not divide, a bad ``lr`` or number of epochs."""
+def _check_device_step(params: Params, X: ArrayLike, y: ArrayLike, lr: float) -> None:
+    check_batch(params, X, y)
+    check.positive(lr=lr)
+
+
+def _check_pmap_step(params: Params, X: ArrayLike, y: ArrayLike, lr: float) -> None:
+    """Refuse shards (one batch per device, stacked) LeNet cannot take, or a bad ``lr``."""
+    channels, classes = lenet_io(params)
+    check.examples(X, y)
+    check.images(X, channels, stacked=1)
+    check.labels(y, classes, stacked=1)
+    check.positive(lr=lr)
+
+
+def _check_train_batch(params: Params, X: ArrayLike, y: ArrayLike, num_devices: int,
+                       lr: float) -> None:
+    """Refuse a batch LeNet cannot take (``d2l.check_batch``), one that does not divide, or
+    a bad ``lr``."""
+    check_batch(params, X, y)
+    check.divisible(len(X), num_devices)
+    check.positive(lr=lr)
+
+
+def _check_train(num_devices: int, batch_size: int, lr: float, num_epochs: int = 10,
+                 data: Any = None) -> None:
+    """Refuse a batch that does not divide, a bad ``lr`` or number of epochs, and data
+    LeNet cannot take (checked whole, before training: a label out of range would silently
+    count for nothing)."""
+    check.positive(batch_size=batch_size, lr=lr, num_epochs=num_epochs)
     check.divisible(batch_size, num_devices)
-    check.positive(lr=lr, num_epochs=num_epochs)
+    for split in ("train", "val"):
+        arrays = getattr(data, split, None)
+        if isinstance(arrays, tuple) and len(arrays) == 2:
+            X, y = arrays
+            check.examples(X, y, (f"data.{split}[0]", f"data.{split}[1]"))
+            check.images(X, 1, f"data.{split}[0]")
+            check.finite_values(X, f"data.{split}[0]")
+            check.labels(y, 10, f"data.{split}[1]")
 
 
 def _stops_on_divergence(train):
@@ -96,4 +133,7 @@ def _stops_on_divergence(train):
 
 
 split_batch = check.validated(split_batch, _check_split_batch)
+device_sgd_step = check.validated(device_sgd_step, _check_device_step)
+pmap_sgd_step = check.validated(pmap_sgd_step, _check_pmap_step)
+train_batch = check.validated(train_batch, _check_train_batch)
 train = check.validated(_stops_on_divergence(train), _check_train)

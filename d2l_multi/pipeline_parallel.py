@@ -2,11 +2,16 @@
 axis, a schedule (GPipe or 1F1B) as a table of time slots x stages, and one ``shard_map``
 program that executes the table, passing activations forward and gradients back between
 neighbouring stages with ``lax.ppermute``."""
+from collections.abc import Callable, Sequence
+from typing import Any
+
 import jax
 import jax.numpy as jnp
 import numpy as np
 from jax import lax
+from jax.sharding import Mesh
 from jax.sharding import PartitionSpec as P
+from jax.typing import ArrayLike
 
 from . import _checks as check
 from .errors import InputError
@@ -17,8 +22,10 @@ def bubble_fraction(num_stages, num_micro):
     return (num_stages - 1) / (num_micro + num_stages - 1)
 
 
-def init_residual_mlp(key, num_blocks, width, hidden):
+def init_residual_mlp(key: jax.Array, num_blocks: int, width: int,
+                      hidden: int) -> dict[str, jax.Array]:
     """Parameters of ``num_blocks`` residual blocks, stacked along a leading axis."""
+    check.integer(1, num_blocks=num_blocks, width=width, hidden=hidden)
     k1, k2 = jax.random.split(key)
     return {"W1": jax.random.normal(k1, (num_blocks, width, hidden)) / width**0.5,
             "b1": jnp.zeros((num_blocks, hidden)),
@@ -190,7 +197,11 @@ def _needs(s, kind, j, num_stages):
     return (s, "F", j) if s == num_stages - 1 else (s + 1, "B", j)
 
 
-def _check_orders(orders):
+Pass = tuple[str, int]  # ('F', j) or ('B', j): the forward or backward of micro-batch j
+Table = tuple[tuple[Pass | None, ...], ...]  # slot x stage
+
+
+def _check_orders(orders: Sequence[Sequence[Pass]]) -> None:
     """Raise a ValueError unless ``orders`` (one list of passes per stage) can run: every
     pass once, in increasing micro-batch order, and no stage waiting forever."""
     if not isinstance(orders, (list, tuple)) or not all(
@@ -219,7 +230,7 @@ def _check_orders(orders):
                              f"pass) each wait for another; reorder them")
 
 
-def _check_table(table):
+def _check_table(table: Table) -> None:
     """Raise a ValueError unless ``table`` is a schedule a pipelined step can execute: a tuple
     of slots, each a tuple with one pass or None per stage, every pass once and after the
     pass it needs (as ``pipeline_schedule`` makes)."""
@@ -250,7 +261,7 @@ def _check_table(table):
                              f"waiting, so run each backward as soon as its gradient arrives")
 
 
-def _check_kinds(kinds):
+def _check_kinds(kinds: ArrayLike) -> None:
     """Raise a ValueError unless ``kinds`` is a 2-D array of IDLE, FORWARD and BACKWARD."""
     kinds = np.asarray(kinds)
     if kinds.ndim != 2 or not np.isin(kinds, (IDLE, FORWARD, BACKWARD)).all():
@@ -259,10 +270,12 @@ def _check_kinds(kinds):
                          f"{kinds.shape} with values {np.unique(kinds)[:5].tolist()}")
 
 
-def _check_pipeline_step(params, X, Y, mesh, table):
+def _check_pipeline_step(params: Any, X: ArrayLike, Y: ArrayLike, mesh: Mesh,
+                         table: Table) -> None:
     """Raise a ValueError naming the mismatch between the mesh, the table, the parameters
     and the batch of a pipelined step."""
     _check_table(table)
+    check.mesh(mesh)
     p, m = len(table[0]), 1 + max(op[1] for row in table for op in row if op)
     if tuple(mesh.axis_names) != ("stage",):
         raise InputError(f"the mesh has axes {tuple(mesh.axis_names)}; pipeline_step needs a "
@@ -283,16 +296,48 @@ def _check_pipeline_step(params, X, Y, mesh, table):
         if explicit and (not spec or spec[0] != "stage"):
             raise InputError("params are not split over the mesh's 'stage' axis; place them "
                              "with jax.device_put(params, NamedSharding(mesh, P('stage')))")
-    check.labels(X, Y)
+    check.examples(X, Y, ("X", "Y"))
     check.divisible(len(X), m, what="batch size", over="micro-batches")
 
 
-bubble_fraction = check.validated(bubble_fraction, lambda num_stages, num_micro: check.positive(
-    num_stages=num_stages, num_micro=num_micro))
-gpipe_order = check.validated(gpipe_order, lambda num_stages, num_micro: check.positive(
-    num_stages=num_stages, num_micro=num_micro))
-one_f_one_b_order = check.validated(one_f_one_b_order, lambda num_stages, num_micro: check.positive(
-    num_stages=num_stages, num_micro=num_micro))
+def _check_sizes(num_stages: int, num_micro: int) -> None:
+    check.positive(num_stages=num_stages, num_micro=num_micro)
+
+
+def _check_blocks(params: dict[str, jax.Array], X: ArrayLike) -> None:
+    check.tree(params)
+
+
+def _check_mse(Y_hat: ArrayLike, Y: ArrayLike) -> None:
+    if jnp.shape(Y_hat) != jnp.shape(Y):
+        raise InputError(f"Y_hat has shape {jnp.shape(Y_hat)} but Y has {jnp.shape(Y)}; "
+                         f"compare predictions with targets of the same shape")
+
+
+StageFn = Callable[[Any, jax.Array], jax.Array]
+LossFn = Callable[[jax.Array, jax.Array], jax.Array]
+
+
+def _check_stage_pass(kind: ArrayLike, params: Any, x: ArrayLike, dy: ArrayLike,
+                      Y_j: ArrayLike, last: ArrayLike, stage_fn: StageFn,
+                      loss_fn: LossFn) -> None:
+    if not (callable(stage_fn) and callable(loss_fn)):
+        raise InputError("stage_fn and loss_fn must be functions: stage_fn(params, x) and "
+                         "loss_fn(Y_hat, Y)")
+
+
+def _check_stage_program(params: Any, X: ArrayLike, Y: ArrayLike, table: Table,
+                         stage_fn: StageFn, loss_fn: LossFn) -> None:
+    _check_stage_pass(0, params, X, X, Y, False, stage_fn, loss_fn)
+
+
+bubble_fraction = check.validated(bubble_fraction, _check_sizes)
+gpipe_order = check.validated(gpipe_order, _check_sizes)
+one_f_one_b_order = check.validated(one_f_one_b_order, _check_sizes)
+residual_mlp = check.validated(residual_mlp, _check_blocks)
+mse = check.validated(mse, _check_mse)
+stage_pass = check.validated(stage_pass, _check_stage_pass)
+stage_program = check.validated(stage_program, _check_stage_program)
 pipeline_schedule = check.validated(pipeline_schedule, _check_orders)
 show_schedule = check.validated(show_schedule, _check_table)
 in_flight = check.validated(in_flight, _check_kinds)

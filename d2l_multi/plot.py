@@ -1,7 +1,12 @@
 """Plotting: d2l's Animator (one live figure in Jupyter, a PNG elsewhere) and image grids."""
+import os
+from collections.abc import Sequence
+from typing import Any
+
+from . import _checks as check
 
 
-def in_notebook():
+def in_notebook() -> bool:
     """True inside a Jupyter kernel (where figures display inline)."""
     try:
         from IPython import get_ipython
@@ -11,13 +16,15 @@ def in_notebook():
     return shell is not None and "IPKernelApp" in getattr(shell, "config", {})
 
 
-def use_svg_display():
+def use_svg_display() -> None:
     """Use the svg format to display a plot in Jupyter."""
     from matplotlib_inline import backend_inline
     backend_inline.set_matplotlib_formats("svg")
 
 
-def set_axes(axes, xlabel, ylabel, xlim, ylim, xscale, yscale, legend):
+def set_axes(axes: Any, xlabel: str | None, ylabel: str | None,
+             xlim: Sequence[float] | None, ylim: Sequence[float] | None, xscale: str,
+             yscale: str, legend: Sequence[str] | None) -> None:
     """Set the axes for matplotlib."""
     if xlim is not None and xlim[0] == xlim[1]:  # one epoch: a point, not a range
         xlim = [xlim[0] - 0.5, xlim[1] + 0.5]
@@ -37,9 +44,13 @@ def _figure(figsize, nrows=1, ncols=1):
 class Animator:
     """For plotting data in animation: one figure, updated in place on every ``add``."""
 
-    def __init__(self, xlabel=None, ylabel=None, legend=None, xlim=None, ylim=None,
-                 xscale="linear", yscale="linear", fmts=("-", "m--", "g-.", "r:"),
-                 nrows=1, ncols=1, figsize=(3.5, 2.5)):
+    def __init__(self, xlabel: str | None = None, ylabel: str | None = None,
+                 legend: Sequence[str] | None = None, xlim: Sequence[float] | None = None,
+                 ylim: Sequence[float] | None = None, xscale: str = "linear",
+                 yscale: str = "linear", fmts: Sequence[str] = ("-", "m--", "g-.", "r:"),
+                 nrows: int = 1, ncols: int = 1,
+                 figsize: tuple[float, float] = (3.5, 2.5)) -> None:
+        check.integer(1, nrows=nrows, ncols=ncols)
         legend = legend or []
         self.fig, self.axes = _figure(figsize, nrows, ncols)
         if nrows * ncols == 1:
@@ -49,7 +60,7 @@ class Animator:
         self.X, self.Y, self.fmts = None, None, fmts
         self._handle = None
 
-    def add(self, x, y):
+    def add(self, x: float | Sequence[float], y: float | Sequence[float]) -> None:
         """Add one or more points (one per line) and redraw."""
         if not hasattr(y, "__len__"):
             y = [y]
@@ -70,11 +81,12 @@ class Animator:
         self.config_axes()
         self.show()
 
-    def show(self):
+    def show(self) -> None:
         """Display the figure in Jupyter, replacing its previous drawing."""
         if not in_notebook():
             return
         import io
+
         from IPython import display
         buf = io.BytesIO()
         self.fig.savefig(buf, format="png", bbox_inches="tight", dpi=100)
@@ -86,15 +98,18 @@ class Animator:
         else:
             self._handle.update(image)
 
-    def save(self, path):
+    def save(self, path: str | os.PathLike) -> str | os.PathLike:
         """Save the figure as an image file (PNG by its extension); returns the path."""
         self.fig.savefig(path, bbox_inches="tight", dpi=120)
         return path
 
 
-def show_images(imgs, num_rows, num_cols, titles=None, scale=1.5):
+def show_images(imgs: Sequence[Any], num_rows: int, num_cols: int,
+                titles: Sequence[str] | None = None, scale: float = 1.5) -> Any:
     """Plot a grid of images (2-D arrays) with optional titles."""
     import numpy as np
+    check.integer(1, num_rows=num_rows, num_cols=num_cols)
+    check.positive(scale=scale)
     fig, axes = _figure((num_cols * scale, num_rows * scale), num_rows, num_cols)
     axes = np.atleast_1d(axes).flatten()
     for i, (ax, img) in enumerate(zip(axes, imgs)):

@@ -4,12 +4,12 @@ and its ``-done``, or XLA's generic ``async-start``/``async-done`` around a
 collective) with the computation scheduled between them, and how far each
 collective sits from its first user."""
 import re
+from typing import Any
 
 from . import _checks as check
 from ._earlier import schedule as d2l
 from .errors import InputError
 from .hlo import COLLECTIVES
-
 
 INSTRUCTION = re.compile(r"\s*(?:ROOT\s+)?%?([\w.-]+) = .*? ([a-z][\w-]*)\(")
 PLUMBING = {"parameter", "constant", "get-tuple-element", "tuple", "bitcast",
@@ -126,7 +126,10 @@ def plot_schedule(schedule, figsize=(7, 2.8)):
     return ax
 
 
-def _check_hlo_entry(hlo_text):
+Schedule = list[tuple[str, str, list[str]]]  # (name, opcode, operands) in program order
+
+
+def _check_hlo_entry(hlo_text: str) -> None:
     """Refuse anything but the text of an HLO module with an ENTRY
     computation."""
     if not isinstance(hlo_text, str):
@@ -139,4 +142,20 @@ def _check_hlo_entry(hlo_text):
                          "jax.jit(f).lower(*args).compile().as_text()")
 
 
+def _check_schedule(schedule: Schedule) -> None:
+    """Refuse anything but a list of (name, opcode, operands) triples (``hlo_schedule``)."""
+    if isinstance(schedule, str) or not all(
+            isinstance(row, (tuple, list)) and len(row) == 3 for row in schedule):
+        raise InputError(f"schedule must be a list of (name, opcode, operands) triples; make "
+                         f"it with d2l.hlo_schedule(hlo_text), got {str(schedule)[:80]!r}")
+
+
+def _check_plot(schedule: Schedule, figsize: tuple[float, float] = (7, 2.8)) -> Any:
+    _check_schedule(schedule)
+    check.positive(width=figsize[0], height=figsize[1])
+
+
 hlo_schedule = check.validated(hlo_schedule, _check_hlo_entry)
+async_pairs = check.validated(async_pairs, _check_schedule)
+collective_slack = check.validated(collective_slack, _check_schedule)
+plot_schedule = check.validated(plot_schedule, _check_plot)

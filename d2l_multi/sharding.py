@@ -3,9 +3,12 @@ model's parameters to the axes of a device mesh; check them, create the model
 directly in its sharded layout (or only its abstract state), and count the
 bytes each device holds."""
 import contextlib
+from collections.abc import Callable
+from typing import Any
 
 import jax
 from flax import nnx
+from jax.sharding import Mesh
 from jax.sharding import PartitionSpec as P
 
 from . import _checks as check
@@ -84,20 +87,33 @@ def bytes_per_device(tree):
     return held
 
 
-def _check_model_layout(model_fn, mesh, rules):
+Rules = dict[str, Any]  # logical axis name -> a mesh axis, a tuple of them, or None
+
+
+def _check_model_layout(model_fn: Callable[[], nnx.Module], mesh: Mesh, rules: Rules) -> None:
     """Check ``rules`` against ``mesh`` and the layout of ``model_fn()``'s state
     (``_check_layout``), from shapes alone: what ``abstract_state`` and
     ``create_sharded`` refuse before they build anything."""
+    check.mesh(mesh)
     _check_rules(rules, mesh)
     with nnx.use_eager_sharding(False):
         state = nnx.state(nnx.eval_shape(model_fn))
     _check_layout(state, rules, mesh)  # names the parameter and the fix
 
 
-def _check_mesh_rules(mesh, rules):
+def _check_mesh_rules(mesh: Mesh, rules: Rules) -> None:
+    check.mesh(mesh)
+    if not isinstance(rules, dict):
+        raise InputError(f"rules must be a dict of logical axis -> mesh axis, e.g. "
+                         f"{{'batch': 'data'}}, got {rules!r}")
     _check_rules(rules, mesh)
+
+
+def _check_held(tree: Any) -> None:
+    check.tree(tree, "tree")
 
 
 use_sharding = check.validated(use_sharding, _check_mesh_rules)
 abstract_state = check.validated(abstract_state, _check_model_layout)
 create_sharded = check.validated(create_sharded, _check_model_layout)
+bytes_per_device = check.validated(bytes_per_device, _check_held)

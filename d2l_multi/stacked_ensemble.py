@@ -5,13 +5,18 @@ mesh's 'model' axis, and placed member by member with ``shard_map``.
 The shown functions carry no argument checks; their public names check first
 (``check.validated``), so bad input gets a message naming the fix."""
 import functools
+from collections.abc import Callable
 
 import jax
-from jax.sharding import NamedSharding, PartitionSpec as P
+from flax.training.train_state import TrainState
+from jax.sharding import Mesh, NamedSharding
+from jax.sharding import PartitionSpec as P
+from jax.typing import ArrayLike
 
 from . import _checks as check
 from ._earlier import stacked_ensemble as d2l
 from .ensemble import _check_ensemble_size
+from .flax_models import _check_linen_batch
 
 
 def create_stacked_ensemble(rngs, learning_rate, momentum, mesh):
@@ -45,14 +50,23 @@ def map_members(member_fn, mesh):
                                  out_specs=P("model"), check_vma=False))
 
 
-def _check_stacked(rngs, learning_rate, momentum, mesh):
+def _check_stacked(rngs: jax.Array, learning_rate: float, momentum: float, mesh: Mesh) -> None:
+    check.mesh(mesh)
     check.spec(P("model"), mesh)
     _check_ensemble_size(len(rngs), mesh.shape["model"])
+    check.positive(learning_rate=learning_rate)
+    check.nonnegative(momentum=momentum)
 
 
-def _check_model_axis(member_fn, mesh):
+def _check_model_axis(member_fn: Callable[..., object], mesh: Mesh) -> None:
+    check.mesh(mesh)
     check.spec(P("model"), mesh)
 
 
+def _check_stacked_step(state: TrainState, images: ArrayLike, labels: ArrayLike) -> None:
+    _check_linen_batch(state, images, labels)  # one batch for every member
+
+
+stacked_train_step = check.validated(stacked_train_step, _check_stacked_step)
 create_stacked_ensemble = check.validated(create_stacked_ensemble, _check_stacked)
 map_members = check.validated(map_members, _check_model_axis)

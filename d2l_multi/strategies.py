@@ -8,13 +8,15 @@ The shown functions carry no argument checks; their public names check first
 import jax
 import numpy as np
 from flax import nnx
-from jax.sharding import NamedSharding, PartitionSpec as P
+from jax.sharding import Mesh, NamedSharding
+from jax.sharding import PartitionSpec as P
+from jax.typing import ArrayLike
 
 from . import _checks as check
 from ._earlier import strategies as d2l
 from .errors import InputError
-from .sharding import _check_layout
-
+from .sharding import Rules, _check_layout, _check_mesh_rules
+from .transformer import _check_tokens_batch
 
 LOGICAL_AXES = ("batch", "embed", "heads", "mlp", "vocab")  # TransformerLM's
 
@@ -69,20 +71,29 @@ def lm_train_step(model, optimizer, X, Y):
 
 # ----- the checks behind the public names -----
 
-def _check_strategy(strategy):
+def _check_strategy(strategy: str) -> None:
     if strategy not in STRATEGIES:
         raise InputError(f"unknown strategy {strategy!r}; use one of "
                          f"{list(STRATEGIES)}")
 
 
-def _check_reshard(model, mesh, rules):
-    _check_layout(nnx.state(model), rules, mesh)  # checks the rules too
+def _check_reshard(model: nnx.Module, mesh: Mesh, rules: Rules) -> None:
+    _check_mesh_rules(mesh, rules)
+    _check_layout(nnx.state(model), rules, mesh)
 
 
-def _check_tokens(X, Y, mesh, rules):
+def _check_tokens(X: ArrayLike, Y: ArrayLike, mesh: Mesh, rules: Rules) -> None:
+    _check_mesh_rules(mesh, rules)
+    check.examples(X, Y, ("X", "Y"))
     check.spec(P(rules.get("batch")), mesh, np.shape(X))
+
+
+def _check_lm_step(model: nnx.Module, optimizer: nnx.Optimizer, X: ArrayLike,
+                   Y: ArrayLike) -> None:
+    _check_tokens_batch(model, X, Y)
 
 
 sharding_rules = check.validated(sharding_rules, _check_strategy)
 reshard = check.validated(reshard, _check_reshard)
 shard_tokens = check.validated(shard_tokens, _check_tokens)
+lm_train_step = check.validated(lm_train_step, _check_lm_step)

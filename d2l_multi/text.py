@@ -1,11 +1,12 @@
 """A tiny next-token task bundled with the package (no download): character windows of a short
 public-domain text."""
+from collections.abc import Iterable, Iterator
+
 import numpy as np
 
 from . import _checks as check
 from .errors import InputError
 from .smoke_switch import shrink
-
 
 TINY_TEXT = (  # Lewis Carroll, Alice's Adventures in Wonderland (1865), public domain
     "Alice was beginning to get very tired of sitting by her sister on the bank, and of "
@@ -31,7 +32,12 @@ class CharCorpus:
     shifted one character to the right. The vocabulary is padded to a multiple of
     ``vocab_multiple`` so that it splits evenly over a mesh axis."""
 
-    def __init__(self, batch_size=16, seq_len=32, text=TINY_TEXT, vocab_multiple=8, seed=0):
+    def __init__(self, batch_size: int = 16, seq_len: int = 32, text: str = TINY_TEXT,
+                 vocab_multiple: int = 8, seed: int = 0) -> None:
+        check.integer(1, batch_size=batch_size, seq_len=seq_len, vocab_multiple=vocab_multiple)
+        check.integer(0, seed=seed)
+        if not isinstance(text, str):
+            raise InputError(f"text must be a str, got {type(text).__name__}")
         if len(text) <= seq_len + 1:
             raise InputError(f"the text has {len(text)} characters, too few for windows of "
                              f"seq_len + 1 = {seq_len + 1}; use a shorter seq_len or more text")
@@ -40,22 +46,28 @@ class CharCorpus:
         self.vocab_size = -(-len(self.vocab) // vocab_multiple) * vocab_multiple
         self.tokens = self.encode(text)
 
-    def encode(self, text):
+    def encode(self, text: str) -> np.ndarray:
+        """The ids of ``text``'s characters (each must be in the vocabulary)."""
+        unknown = sorted(set(text) - set(self.vocab))
+        if unknown:
+            raise InputError(f"text holds characters outside the vocabulary: {unknown[:5]}; "
+                             f"encode text made of the corpus's characters")
         index = {c: i for i, c in enumerate(self.vocab)}
         return np.array([index[c] for c in text], dtype=np.int32)
 
-    def decode(self, ids):
+    def decode(self, ids: Iterable[int]) -> str:
         return "".join(self.vocab[i] if i < len(self.vocab) else "?" for i in np.asarray(ids))
 
-    def batch(self, step):
+    def batch(self, step: int) -> tuple[np.ndarray, np.ndarray]:
         """Batch number ``step`` (the same every time): inputs X and targets Y, each
         (batch_size, seq_len) int32."""
+        check.integer(0, step=step)
         rng = np.random.default_rng((self.seed, step))
         starts = rng.integers(0, len(self.tokens) - self.seq_len - 1, self.batch_size)
         windows = np.stack([self.tokens[s:s + self.seq_len + 1] for s in starts])
         return windows[:, :-1], windows[:, 1:]
 
-    def batches(self, num_batches):
+    def batches(self, num_batches: int) -> Iterator[tuple[np.ndarray, np.ndarray]]:
         """The batches number 0, 1, ..., ``num_batches`` - 1 (at most 10 with the smoke
         switch on)."""
         check.positive(num_batches=num_batches)

@@ -1,38 +1,41 @@
 """d2l's small helpers (Timer, Accumulator) and a few checks and measurements used throughout."""
-import functools
-import math
 import time
+from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 
+from . import _checks as check
 from .errors import InputError
 
 
 class Timer:
     """Record multiple running times."""
 
-    def __init__(self):
-        self.times = []
+    def __init__(self) -> None:
+        self.times: list[float] = []
         self.start()
 
-    def start(self):
+    def start(self) -> None:
         """Start the timer."""
         self.tik = time.perf_counter()
 
-    def stop(self):
+    def stop(self) -> float:
         """Stop the timer and record the time in a list."""
         self.times.append(time.perf_counter() - self.tik)
         return self.times[-1]
 
-    def avg(self):
+    def avg(self) -> float:
         """Return the average time."""
+        if not self.times:
+            raise InputError("the timer has recorded no time yet: call stop() first")
         return sum(self.times) / len(self.times)
 
-    def sum(self):
+    def sum(self) -> float:
         """Return the sum of time."""
         return sum(self.times)
 
-    def cumsum(self):
+    def cumsum(self) -> list[float]:
         """Return the accumulated time."""
         return np.array(self.times).cumsum().tolist()
 
@@ -40,20 +43,24 @@ class Timer:
 class Accumulator:
     """For accumulating sums over ``n`` variables."""
 
-    def __init__(self, n):
+    def __init__(self, n: int) -> None:
+        check.integer(1, n=n)
         self.data = [0.0] * n
 
-    def add(self, *args):
+    def add(self, *args: float) -> None:
+        if len(args) != len(self.data):
+            raise InputError(f"add takes {len(self.data)} values (one per sum), got "
+                             f"{len(args)}")
         self.data = [a + float(b) for a, b in zip(self.data, args)]
 
-    def reset(self):
+    def reset(self) -> None:
         self.data = [0.0] * len(self.data)
 
-    def __getitem__(self, idx):
+    def __getitem__(self, idx: int) -> float:
         return self.data[idx]
 
 
-def max_difference(a, b):
+def max_difference(a: Any, b: Any) -> float:
     """The largest absolute difference between matching arrays of two pytrees, as a float.
     Matching arrays have one shape, or one of them stacks copies along a leading axis (one per
     device, as ``pmap`` keeps them) and every copy is compared; nothing else is broadcast."""
@@ -69,15 +76,17 @@ def max_difference(a, b):
     return max(jax.tree.leaves(jax.tree.map_with_path(difference, a, b)), default=0.0)
 
 
-def time_call(f, *args, repeat=5, warmup=1):
+def time_call(f: Callable[..., Any], *args: Any, repeat: int = 5, warmup: int = 1) -> float:
     """Median wall-clock seconds of ``f(*args)`` over ``repeat`` calls, each waited for
     (``jax.block_until_ready``), after ``warmup`` untimed calls (compilation). With the smoke
     switch on, at most 2 calls are timed."""
     import jax
+
     from .smoke_switch import shrink
-    for name, value, least in (("repeat", repeat, 1), ("warmup", warmup, 0)):
-        if isinstance(value, bool) or not isinstance(value, int) or value < least:
-            raise InputError(f"{name} must be an integer >= {least}, got {value!r}")
+    if not callable(f):
+        raise InputError(f"f must be the function to time, got {f!r}")
+    check.integer(1, repeat=repeat)
+    check.integer(0, warmup=warmup)
     repeat = shrink(repeat, 2)
     for _ in range(warmup):
         jax.block_until_ready(f(*args))

@@ -51,9 +51,10 @@ if "JAX_COMPILATION_CACHE_DIR" not in os.environ:  # set before JAX starts; work
     os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")
     os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES", "-1")
 
+import kernel_watchdog  # noqa: E402
+
 import d2l_multi  # noqa: E402
 import d2l_multi.commands.book  # noqa: E402
-import kernel_watchdog  # noqa: E402
 
 d2l_multi.simulate_devices(8)
 kernel_watchdog.install()

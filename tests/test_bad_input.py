@@ -51,7 +51,7 @@ CASES = [
     ("dataset_dir('cifar')", lambda: dataset_dir("cifar"), "unknown dataset 'cifar'"),
     # a label outside 0..9 would silently count as another class (JAX clamps indices)
     ("train_batch(y=-1)", lambda: d2l.train_batch(replicated(), X, np.full(64, -1), 8, 0.1),
-     "y holds the label -1, but labels are class indices from 0 up"),
+     "y holds the label -1, but labels are class indices from 0 to 9"),
     ("split_batch(y=-3)", lambda: d2l.split_batch(X, np.full(64, -3), 8), "the label -3"),
     ("shard_batch(y=-1)", lambda: d2l.shard_batch(X, np.full(64, -1), d2l.device_mesh()),
      "the label -1"),
@@ -69,3 +69,170 @@ CASES = [
 def test_bad_input_is_refused_with_the_fix(call, message):
     with pytest.raises(ValueError, match=re.escape(message) if "\\" not in message else message):
         call()
+
+
+# ----- values that used to pass silently, hang or abort the process -----
+
+def test_train_refuses_out_of_range_labels_in_its_data_before_training():
+    data = d2l.FashionMNIST(256)
+    data.train[1][:50] = 12  # 50 labels outside the 10 classes
+    with pytest.raises(d2l.InputError, match=r"label 12.*from 0 to 9") as e:
+        d2l.train(8, 256, 0.1, 1, data)
+    assert "\n" not in str(e.value)
+
+
+@pytest.mark.parametrize("y,bad", [
+    (jax.numpy.zeros(64, jax.numpy.int32).at[3].set(-1), -1),  # a JAX array
+    (np.where(np.arange(64) == 5, 10, 0).astype(np.int32), 10),  # NumPy, past the last class
+    ([0] * 63 + [11], 11),                                       # a list
+])
+def test_train_batch_checks_the_labels_of_any_array_type(y, bad):
+    with pytest.raises(d2l.InputError, match=rf"y holds the label {bad}\b.*from 0 to 9"):
+        d2l.train_batch(replicated(), X, y, 8, 0.1)
+
+
+def _run_python(code, timeout):
+    """Run ``code`` in a fresh Python (8 simulated devices): (status, stderr's last line)."""
+    import subprocess
+    import sys
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                            timeout=timeout)
+    lines = result.stderr.strip().splitlines() or [""]
+    return result.returncode, lines[-1]
+
+
+def test_a_checkpoint_whose_array_files_are_fifos_is_refused_within_seconds(tmp_path):
+    """Reading a FIFO waits for a writer forever (and Ctrl-C with it): refused, naming it."""
+    code = f"""
+import os, pathlib, numpy as np
+import d2l_multi as d2l
+d2l.simulate_devices(8)
+folder = pathlib.Path({str(tmp_path / "run")!r})
+state = {{"w": np.ones(10, np.float32)}}
+with d2l.checkpoint_manager(folder) as manager:
+    d2l.save_checkpoint(manager, 1, state)
+    d2l.wait_for_saves(manager)
+for path in [p for p in folder.rglob("*") if p.is_file() and "/d/" in str(p)]:
+    path.unlink()
+    os.mkfifo(path)
+try:
+    d2l.restore_checkpoint(folder, state)
+except OSError as e:
+    raise SystemExit(f"{{type(e).__name__}}: {{e}}")
+"""
+    status, line = _run_python(code, timeout=120)
+    assert status == 1 and line.startswith("PathError: ") and "FIFO" in line, line
+    assert str(tmp_path / "run" / "1") in line
+
+
+def test_a_resize_the_machine_cannot_hold_is_refused_with_the_figure():
+    """Not an abort of the process (XLA's check failure would end a notebook's kernel)."""
+    code = """
+import d2l_multi as d2l
+try:
+    d2l.FashionMNIST(resize=(4000, 4000))
+except MemoryError as e:
+    raise SystemExit(f"{type(e).__name__}: {e}")
+"""
+    status, line = _run_python(code, timeout=120)
+    assert status == 1 and line.startswith("TooLargeError: resize=(4000, 4000)"), line
+    assert "GB" in line
+
+
+def test_a_second_train_run_into_the_same_out_is_refused_at_once(tmp_path, capsys):
+    import fcntl
+
+    from d2l_multi import commands
+    out = tmp_path / "tw"
+    out.mkdir()
+    with open(out / ".lock", "a") as lock:  # a run holds the folder
+        fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        status = commands.main(["train", "--devices", "8", "--cpu-devices", "8",
+                                "--epochs", "1", "--out", str(out)])
+    err = capsys.readouterr().err.strip()
+    assert status == 1 and f"--out {out} is in use by another run" in err
+    assert len(err.splitlines()) == 1 and not (out / "results.json").exists()
+
+
+# ----- what used to work with a wrong, late or long message: one line, naming the value -----
+
+def _data_with(**change):
+    class Data:  # a data module holding one bad thing
+        train = (change.get("X", X), change.get("y", Y))
+    return Data()
+
+
+NAN_PIXEL = X.copy()
+NAN_PIXEL[5, 3, 4, 0] = np.nan
+
+POOR = [
+    ("train(one NaN pixel)", lambda: d2l.train(8, 64, 0.1, 1, _data_with(X=NAN_PIXEL)),
+     "data.train[0] holds NaN at (5, 3, 4, 0)"),
+    ("loss_fn(one-hot y)", lambda: d2l.loss_fn(d2l.init_lenet_params(jax.random.key(0)), X,
+                                               np.eye(10, dtype=np.float32)[Y]),
+     "y looks one-hot (shape (64, 10)): pass class indices, y.argmax(1)"),
+    ("train_batch(empty batch)", lambda: d2l.train_batch(replicated(), X[:0], Y[:0], 8, 0.1),
+     "X is an empty batch (0 examples)"),
+    ("lenet(NCHW)", lambda: d2l.lenet(d2l.init_lenet_params(jax.random.key(0)),
+                                      X.transpose(0, 3, 1, 2)),
+     "X has shape (64, 1, 28, 28), which looks NCHW; the chapter's images are NHWC (batch, "
+     "height, width, channels): X.transpose(0, 2, 3, 1)"),
+    ("replicate(duplicate devices)", lambda: d2l.replicate([np.ones(2)], [d2l.devices(1)[0]] * 2),
+     f"devices lists {d2l.devices(1)[0]} twice"),
+    ("device_mesh(duplicate devices)", lambda: d2l.device_mesh((2,), devices=[
+        d2l.devices(1)[0]] * 2), "twice"),
+    ("process_batches(10**9)", lambda: d2l.process_batches(X, Y, 10**9),
+     "batch_size=1000000000 is larger than the data (64 examples)"),
+    ("evaluate_accuracy(p, [])", lambda: d2l.evaluate_accuracy(
+        d2l.init_lenet_params(jax.random.key(0)), []), "data_iter is empty"),
+    ("evaluate_accuracy(p, iter([]))", lambda: d2l.evaluate_accuracy(
+        d2l.init_lenet_params(jax.random.key(0)), iter([])), "data_iter yielded no batches"),
+]
+
+
+@pytest.mark.parametrize("call,message", [(f, m) for _, f, m in POOR],
+                         ids=[name for name, _, _ in POOR])
+def test_poor_cases_get_one_line_naming_the_value(call, message):
+    with pytest.raises(ValueError) as e:
+        call()
+    assert message in str(e.value) and "\n" not in str(e.value), str(e.value)
+
+
+def test_numpy_numbers_are_numbers():
+    check.positive(batch_size=np.int64(64), lr=np.float32(0.1), num_epochs=np.int32(2))
+    data = d2l.FashionMNIST(np.int64(64), num_train=256)
+    assert data.batch_size == 64 and len(data.train[0]) == 256
+
+
+def test_resize_of_one_number_is_a_square():
+    assert d2l.FashionMNIST(resize=32, num_train=64, num_val=64).train[0].shape[1:] == (32, 32, 1)
+
+
+@pytest.mark.parametrize("value", ["2", "y", "enabled", "maybe"])
+def test_the_smoke_switch_refuses_what_it_does_not_know(monkeypatch, value):
+    from d2l_multi.smoke_switch import smoke
+    monkeypatch.setenv("D2L_MULTI_SMOKE", value)
+    with pytest.raises(d2l.InputError, match=rf"D2L_MULTI_SMOKE='{value}' is not a switch; set "
+                                             rf"it to one of 1, 0, true, false, yes, no, on, off"):
+        smoke()
+
+
+def test_a_data_folder_that_does_not_exist_is_refused(monkeypatch):
+    from d2l_multi import data
+    monkeypatch.setenv("D2L_MULTI_DATA", "/nonexistent")
+    data._load_cached.cache_clear()
+    with pytest.raises(FileNotFoundError, match="D2L_MULTI_DATA=/nonexistent does not exist"):
+        d2l.FashionMNIST()
+
+
+def test_a_failed_write_names_the_file(tmp_path):
+    import errno
+
+    from d2l_multi.commands.common import save_atomic
+
+    def full(tmp):
+        raise OSError(errno.ENOSPC, "No space left on device")
+    with pytest.raises(OSError, match=rf"cannot write {tmp_path / 'params.npz'} \(No space "
+                                      rf"left on device"):
+        save_atomic(tmp_path / "params.npz", full)
+    assert list(tmp_path.iterdir()) == []

@@ -102,6 +102,7 @@ def test_the_profile_sorts_a_steps_operations_into_parts():
     """Each convolution of LeNet's SGD step is found as forward, input gradient or kernel
     gradient, from the compiled program alone."""
     import jax
+
     import d2l_multi as d2l
     from d2l_multi.commands.benchmark import hlo_instructions, jax_part
 
@@ -122,6 +123,7 @@ def test_the_profile_sorts_a_steps_operations_into_parts():
 def test_xla_cpu_defaults_give_one_program_ynnpack_back():
     """The straightforward row compiles with XLA:CPU's default libraries, beside the chapter's."""
     import jax
+
     import d2l_multi as d2l
     from d2l_multi.commands.benchmark import xla_cpu_defaults
     options = xla_cpu_defaults()
@@ -159,6 +161,7 @@ def test_xla_cpu_defaults_are_what_xla_cpu_does_without_the_chapters_flag():
 def test_pytorch_baseline_uses_a_thread_per_core_and_channels_last_on_request():
     torch = pytest.importorskip("torch")
     import numpy as np
+
     from d2l_multi.commands.benchmark import _TorchRow, lenet_ratios, torch_threads
     assert torch_threads() == len(os.sched_getaffinity(0))
     X, y = np.zeros((16, 28, 28, 1), np.float32), np.zeros(16, np.int32)

@@ -239,6 +239,22 @@ def test_a_mount_point_is_refused_before_building(tmp_path, capsys):
            f"inside it" in err
 
 
+@pytest.mark.parametrize("link", ["img/../../../../../../outside.txt", "/etc/hostname",
+                                  "..%2F..%2Foutside.txt"])
+def test_a_notebook_link_that_leaves_the_chapters_is_refused(tmp_path, link):
+    """Sphinx copies what a page links to into the book: a link is resolved first."""
+    (tmp_path / "book").mkdir()
+    (tmp_path / "book" / "conf.py").write_text("")
+    (tmp_path / "chapters").mkdir()
+    cell = {"cell_type": "markdown", "metadata": {}, "source": [f"See ![x]({link}) there."]}
+    notebook = {"cells": [cell], "metadata": {}, "nbformat": 4, "nbformat_minor": 5}
+    (tmp_path / "chapters" / "01_x.ipynb").write_text(json.dumps(notebook))
+    with pytest.raises(OSError, match=r"01_x\.ipynb links to .*outside|01_x\.ipynb links to "
+                                      r"/etc/hostname") as e:
+        book_module.stage_sources(tmp_path, tmp_path / "staged")
+    assert "leaves" in str(e.value) and "\n" not in str(e.value)
+
+
 def test_a_missing_book_extra_names_the_install_command(tmp_path):
     code = ("import sys; sys.modules['myst_nb'] = None\n"  # as if myst-nb were not installed
             "from d2l_multi.commands import main; sys.exit(main(sys.argv[1:]))")

@@ -23,7 +23,8 @@ import numpy as np
 import optax
 import orbax.checkpoint as ocp
 import pytest
-from jax.sharding import NamedSharding, PartitionSpec as P
+from jax.sharding import NamedSharding
+from jax.sharding import PartitionSpec as P
 
 import d2l_multi as d2l
 from d2l_multi import _checks as check
@@ -428,6 +429,13 @@ def test_a_manager_refuses_a_folder_holding_anything_but_its_checkpoints(tmp_pat
     assert d2l.saved_steps(tmp_path) == []  # reading is harmless
 
 
+def test_an_empty_step_folder_is_named_as_such(tmp_path):
+    (tmp_path / "8").mkdir()
+    with pytest.raises(FileExistsError, match=r"holds the empty folder\(s\) 8, which no save "
+                                              r"wrote into; delete them"):
+        d2l.checkpoint_manager(tmp_path)
+
+
 def test_a_manager_refuses_a_folder_it_cannot_write(tmp_path):
     locked = tmp_path / "locked"
     locked.mkdir()
@@ -712,7 +720,7 @@ def _bad(call, error, message):
     return pytest.param(call, error, message, id=message[:40])
 
 
-MESH = lambda: d2l.device_mesh((4, 2))  # noqa: E731
+MESH = lambda: d2l.device_mesh((4, 2))
 W = {"w": jax.ShapeDtypeStruct((8, 4), jnp.float32)}
 
 
@@ -723,9 +731,9 @@ W = {"w": jax.ShapeDtypeStruct((8, 4), jnp.float32)}
     _bad(lambda t: d2l.checkpoint_manager(t / "file"), NotADirectoryError,
          "is a file, not a checkpoint folder"),
     _bad(lambda t: d2l.checkpoint_manager(t / "new", max_to_keep=0), ValueError,
-         "max_to_keep must be an integer >= 1 or None, got 0"),
+         "max_to_keep must be a positive integer or None, got 0"),
     _bad(lambda t: d2l.checkpoint_manager(t / "new", max_to_keep=2.5), ValueError,
-         "max_to_keep must be an integer >= 1 or None, got 2.5"),
+         "max_to_keep must be a positive integer or None, got 2.5"),
     _bad(lambda t: d2l.checkpoint_manager(t / "new", create="yes"), ValueError,
          "create must be True or False, got 'yes'"),
     _bad(lambda t: d2l.checkpoint_manager(t / "new", read_only=1), ValueError,
@@ -742,9 +750,9 @@ W = {"w": jax.ShapeDtypeStruct((8, 4), jnp.float32)}
     _bad(lambda t: d2l.restore_checkpoint(t, {"w": "weights"}), ValueError,
          "target w is a str; give arrays or jax.ShapeDtypeStruct"),
     _bad(lambda t: d2l.restore_checkpoint(t, W, step=-1), ValueError,
-         "step must be an integer >= 0 or None, got -1"),
+         "step must be a non-negative integer or None, got -1"),
     _bad(lambda t: d2l.restore_checkpoint(t, W, step="8"), ValueError,
-         "step must be an integer >= 0 or None, got '8'"),
+         "step must be a non-negative integer or None, got '8'"),
     _bad(lambda t: d2l.restore_checkpoint(t, W, data_iter=[1, 2]), ValueError,
          "data_iter must be a Grain iterator (with set_state), got list"),
     _bad(lambda t: d2l.abstract_like(W, "mesh", {"w": P()}), ValueError,
@@ -763,9 +771,9 @@ W = {"w": jax.ShapeDtypeStruct((8, 4), jnp.float32)}
     _bad(lambda t: d2l.sharded_train_state([np.ones(2)], optax.sgd(0.1), None, [P()]),
          ValueError, "mesh must be a jax.sharding.Mesh"),
     _bad(lambda t: d2l.train_steps({}, None, iter([]), MESH(), -1), ValueError,
-         "num_steps must be an integer >= 0, got -1"),
+         "num_steps must be a non-negative integer, got -1"),
     _bad(lambda t: d2l.train_steps({}, lambda *a: a, iter([]), MESH(), 2, save_every=-2),
-         ValueError, "save_every must be an integer >= 0, got -2"),
+         ValueError, "save_every must be a non-negative integer, got -2"),
     _bad(lambda t: d2l.train_steps({}, lambda *a: a, [], MESH(), 2), ValueError,
          "batches an iterator: pass iter(loader), not the loader"),
     _bad(lambda t: d2l.train_steps({}, lambda *a: a, iter([]), MESH(), 2, save_every=2),
@@ -783,7 +791,7 @@ def test_checkpoint_functions_refuse_bad_arguments(tmp_path, call, error, messag
 @pytest.mark.parametrize("step", [-1, 1.0, True, "2"])
 def test_save_checkpoint_refuses_bad_steps_and_states(tmp_path, step):
     with d2l.checkpoint_manager(tmp_path) as manager:
-        with pytest.raises(ValueError, match=rf"step must be an integer >= 0, got {step!r}"):
+        with pytest.raises(ValueError, match=rf"step must be a non-negative integer, got {step!r}"):
             d2l.save_checkpoint(manager, step, {"w": np.ones(2)})
         with pytest.raises(ValueError, match=r"state holds no arrays"):
             d2l.save_checkpoint(manager, 1, {})

@@ -59,7 +59,8 @@ def test_shard_batch_with_an_axis_the_mesh_lacks(mesh):
 
 
 def test_dimension_not_divisible_by_its_mesh_axis(mesh):
-    with pytest.raises(ValueError, match=r"dimension 1 .*: size 10 .* multiple of 8, e\.g\. 8 or 16"):
+    with pytest.raises(ValueError, match=r"dimension 1 .*: size 10 .* multiple of 8, "
+                       r"e\.g\. 8 or 16"):
         d2l.shard(np.zeros((4, 10)), mesh, P(None, "data"))
 
 

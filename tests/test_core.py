@@ -12,10 +12,10 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from jax import lax
+from recording import RecordingData
 
 import d2l_multi as d2l
 from d2l_multi.hardware import set_cpu_compiler_flags
-from recording import RecordingData
 
 N = 8
 ATOL = 1e-6  # float32 rounding: the devices sum the same numbers in a different order
@@ -105,10 +105,10 @@ def test_k_data_parallel_steps_equal_single_device_steps():
 
 def test_train_small_run_learns_and_nan_stops():
     data = d2l.FashionMNIST(64, num_train=1024, num_val=256)
-    params, history, _ = d2l.train(N, 64, 0.1, 3, data)
+    _params, history, _ = d2l.train(N, 64, 0.1, 3, data)
     assert len(history) == 3 and history[-1]["test_acc"] > 0.6
     assert history[-1]["loss"] < 1.2  # ln 10 = 2.30 at the start
-    with pytest.raises(FloatingPointError, match="lr=1e\\+30.*lower lr by factors of 10"):
+    with pytest.raises(FloatingPointError, match=r"lr=1e\+30.*lower lr by factors of 10"):
         d2l.train(N, 64, 1e30, 1, data)
 
 
@@ -128,7 +128,7 @@ def test_save_atomic_gives_a_new_file_s_mode_without_touching_the_umask(tmp_path
         def no_umask(mask):
             raise AssertionError("save_atomic changed the umask")
         monkeypatch.setattr(os, "umask", no_umask)
-        path = save_atomic(tmp_path / "r.json", lambda tmp: open(tmp, "w").write("{}"))
+        path = save_atomic(tmp_path / "r.json", lambda tmp: pathlib.Path(tmp).write_text("{}"))
     finally:
         monkeypatch.undo()
         os.umask(old)
@@ -169,7 +169,8 @@ def test_cli_train_on_one_device_simulates_one_device(tmp_path):
     (["train", "--lr", "inf"], "--lr: must be a finite number > 0, got inf"),
     (["train", "--batch-size", "0"], "--batch-size: must be a finite number > 0"),
     (["train", "--devices", "two"], "integers or 'all'"),
-    (["train", "--out", "/dev/null/runs"], "cannot write into --out /dev/null/runs"),
+    (["train", "--out", "/dev/null/runs"], "--out /dev/null/runs: /dev/null is a file, not a "
+                                            "folder"),
     (["frobnicate"], "invalid choice: 'frobnicate'"),
 ])
 def test_cli_bad_arguments_exit_non_zero_with_one_message(args, message, tmp_path):
@@ -193,7 +194,7 @@ def test_cli_missing_data_prints_the_three_ways_without_a_traceback(tmp_path):
     env["XDG_CACHE_HOME"] = str(tmp_path / "cache")
     code = ("from d2l_multi import data, commands as m\n"
             "for spec in data.DATASETS.values(): spec['debian'] = None\n"
-            "raise SystemExit(m.main(['train', '--epochs', '1', '--out', %r]))" % str(tmp_path))
+            f"raise SystemExit(m.main(['train', '--epochs', '1', '--out', {str(tmp_path)!r}]))")
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                             env=env, timeout=300)
     assert result.returncode == 1, result.stderr
@@ -243,7 +244,8 @@ def _pids_mentioning(text):
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
 def test_stopping_train_stops_its_run_apart_and_removes_its_folder(tmp_path, sig):
     env = dict(os.environ, D2L_MULTI_SMOKE="1", TMPDIR=str(tmp_path))
-    code = ("import os, sys\nfrom d2l_multi import commands as m\nfrom d2l_multi.commands import train as cli\n"
+    code = ("import os, sys\nfrom d2l_multi import commands as m\n"
+            "from d2l_multi.commands import train as cli\n"
             "sys.exit(m.run('train', lambda: cli._run_apart(1, 256, 0.1, 200, 600, "
             "dict(os.environ))))")  # what train does for a smaller device count
     parent = subprocess.Popen([sys.executable, "-c", code], env=env, stdout=subprocess.DEVNULL,
@@ -284,8 +286,8 @@ def test_cli_train_smoke_writes_table_and_plots(tmp_path, monkeypatch):
     # each with XLA:CPU's pool sized for its own devices (at least 2 threads per device)
     cores = len(os.sched_getaffinity(0))
     assert [r["cpu_threads"] for r in recorded["runs"]] == [max(cores, 2), max(cores, 16)]
-    assert sorted(p.name for p in tmp_path.iterdir()) == [
-        "accuracy.png", "results.json", "sec_per_epoch.png"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == [  # .lock: the run held the folder
+        ".lock", "accuracy.png", "results.json", "sec_per_epoch.png"]
     assert recorded["wall_sec"] > 0 and recorded["versions"].startswith("python 3.")
     for name in ("accuracy.png", "sec_per_epoch.png", "results.json"):
         assert (tmp_path / name).stat().st_size > 100

@@ -41,7 +41,8 @@ def test_time_collective_returns_positive_samples():
     (lambda: d2l.collective_loop("psum", 1, 4096), "on num_devices >= 2, got .psum., 1"),
     (lambda: d2l.collective_loop("psum", 8, 1000), "use a multiple of 32, e.g. 992 or 1024"),
     (lambda: d2l.collective_loop("psum", 2, -8), "num_bytes must be a positive integer"),
-    (lambda: d2l.time_collective("psum", 2, 4096, repeat=0), "repeat must be a finite positive number"),
+    (lambda: d2l.time_collective("psum", 2, 4096, repeat=0),
+     "repeat must be a finite positive number"),
     (lambda: d2l.bus_bandwidth("psum", 2, 4096, 0.0), "seconds must be a finite positive"),
     (lambda: d2l.bus_bandwidth("gather", 2, 4096, 1.0), "unknown collective .gather."),
 ])
@@ -174,10 +175,10 @@ def test_strong_scaling_saturates_and_weak_scaling_keeps_the_allreduce():
     (dict(num_devices=0), "num_devices must be a positive integer, got 0"),
     (dict(num_devices=2.0), "num_devices must be a positive integer, got 2.0"),
     (dict(parallelism=0), "parallelism must be a finite positive number, got 0"),
-    (dict(compute_time=-1.0), "must be finite and >= 0, got -1.0"),
-    (dict(compute_time=float("nan")), "must be finite and >= 0, got nan"),
-    (dict(alpha=-1e-6), "must be finite and >= 0"),
-    (dict(grad_bytes=-1), "must be finite and >= 0"),
+    (dict(compute_time=-1.0), "compute_time must be a finite number >= 0, got -1.0"),
+    (dict(compute_time=float("nan")), "compute_time must be a finite number >= 0, got nan"),
+    (dict(alpha=-1e-6), "alpha must be a finite number >= 0"),
+    (dict(grad_bytes=-1), "grad_bytes must be a finite number >= 0"),
 ])
 def test_prediction_refuses_bad_input(changes, message):
     with pytest.raises(ValueError, match=message):

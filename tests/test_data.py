@@ -6,9 +6,9 @@ import numpy as np
 import pytest
 
 import d2l_multi as d2l
+from d2l_multi import data as dm
 from d2l_multi.data import MNIST
 from d2l_multi.smoke_switch import SMOKE_ENV
-from d2l_multi import data as dm
 
 FILES = {"train": ("train-images-idx3-ubyte.gz", "train-labels-idx1-ubyte.gz"),
          "test": ("t10k-images-idx3-ubyte.gz", "t10k-labels-idx1-ubyte.gz")}
@@ -80,6 +80,23 @@ def test_checksum_mismatch_names_file(tiny):
     with pytest.raises(d2l.DataError, match="checksum mismatch") as e:
         dm.read_idx_gz(path, "0" * 64)
     assert str(path) in str(e.value)
+
+
+def test_a_bad_magic_number_is_named_before_the_checksum(tiny):
+    path = write_gz(tiny["tmp"] / "bad" / "x.gz", b"\x00\x00\x09\x03" + bytes(20))
+    with pytest.raises(d2l.DataError, match="bad magic number"):
+        dm.read_idx_gz(path, "0" * 64)
+
+
+def test_a_file_of_another_data_set_is_named(tmp_path):
+    """MNIST's labels in the Fashion-MNIST folder: named as such, not only 'checksum
+    mismatch'."""
+    name = "train-labels-idx1-ubyte.gz"
+    sample = dm.sample_dir("mnist") / name
+    expected = dm.SAMPLE_SHA256["fashion-mnist"][name]
+    with pytest.raises(d2l.DataError, match=rf"this is mnist's {name}, not the file expected "
+                                            rf"here"):
+        dm.read_idx_gz(sample, expected)
 
 
 def test_truncated_gzip_is_refused(tiny):
@@ -247,7 +264,7 @@ def test_real_fashion_mnist(monkeypatch):
     (X, y), (Xt, yt) = data.train, data.val
     assert X.shape == (60000, 28, 28, 1) and Xt.shape == (10000, 28, 28, 1)
     assert X.dtype == np.float32 and y.dtype == np.int32
-    assert 0.0 == X.min() and X.max() == 1.0
+    assert X.min() == 0.0 and X.max() == 1.0
     assert (np.bincount(y) == 6000).all() and (np.bincount(yt) == 1000).all()
     Xb, yb = next(iter(data.get_dataloader(train=True)))
     assert Xb.shape == (256, 28, 28, 1) and yb.shape == (256,)

@@ -10,7 +10,11 @@ import jax
 import pytest
 
 import d2l_multi as d2l
-from d2l_multi.hardware import choose_devices, describe_machine, set_cpu_compiler_flags, size_cpu_thread_pool
+from d2l_multi.hardware import (
+    choose_devices,
+    set_cpu_compiler_flags,
+    size_cpu_thread_pool,
+)
 
 
 def run_python(code, timeout=120):
@@ -35,7 +39,7 @@ def test_names_are_listed_and_load_on_first_use():
                      "d2l.TransformerLM\nprint('flax' in sys.modules)")
     assert out.split() == ["True", "False", "True"]
     with pytest.raises(AttributeError, match="no attribute 'no_such_name'"):
-        d2l.no_such_name
+        _ = d2l.no_such_name
 
 
 def test_modules_import_in_any_order():

@@ -25,13 +25,18 @@ import time
 import jax
 import numpy as np
 import pytest
+from trees import assert_trees_close
 
 import d2l_multi as d2l
 from d2l_multi import _checks as check
-from d2l_multi.distributed import assert_device_counts, detect_cluster, global_batch, launcher_settings
 from d2l_multi import commands
 from d2l_multi.commands import launch, mp_train
-from trees import assert_trees_close
+from d2l_multi.distributed import (
+    assert_device_counts,
+    detect_cluster,
+    global_batch,
+    launcher_settings,
+)
 
 PY = sys.executable
 
@@ -79,7 +84,7 @@ class Job:
         except subprocess.TimeoutExpired:
             self.proc.kill()
             raise AssertionError(f"the launcher did not exit within {timeout} s:\n"
-                                 + self.output)
+                                 + self.output) from None
         while (line := self._queue.get(timeout=5)) is not None:
             self.lines.append(line)
         return code
@@ -162,8 +167,9 @@ def test_detect_cluster():
 
 def test_a_cloud_tpu_vm_is_told_by_libtpu_and_its_device_files(tmp_path, monkeypatch):
     """No private JAX module: libtpu installed and /dev/accel* or /dev/vfio/N present."""
-    from d2l_multi import distributed
     import importlib.util
+
+    from d2l_multi import distributed
     find_spec = importlib.util.find_spec
     monkeypatch.setattr(importlib.util, "find_spec",
                         lambda name, *a: object() if name == "libtpu" else find_spec(name, *a))
@@ -246,11 +252,11 @@ def test_process_batches_split_global_batches(monkeypatch):
 @pytest.mark.parametrize("call,message", [
     (lambda: list(d2l.process_batches(np.zeros(4), np.zeros(3), 2)),
      "X has 4 examples but y has 3 labels"),
-    (lambda: list(d2l.process_batches(np.zeros(4), np.zeros(4), 0)),
+    (lambda: list(d2l.process_batches(np.zeros(4), np.zeros(4, np.int32), 0)),
      "batch_size must be a positive integer, got 0"),
-    (lambda: list(d2l.process_batches(np.zeros(4), np.zeros(4), 2, epoch=-1)),
+    (lambda: list(d2l.process_batches(np.zeros(4), np.zeros(4, np.int32), 2, epoch=-1)),
      "epoch must be a non-negative integer, got -1"),
-    (lambda: list(d2l.process_batches(np.zeros(4), np.zeros(4), 2, seed=1.5)),
+    (lambda: list(d2l.process_batches(np.zeros(4), np.zeros(4, np.int32), 2, seed=1.5)),
      "seed must be a non-negative integer, got 1.5"),
     (lambda: global_batch("mesh", np.zeros(8)), "mesh must be a jax.sharding.Mesh"),
     (lambda: global_batch(d2l.device_mesh()), "pass the arrays to assemble"),
@@ -336,7 +342,39 @@ def test_a_worker_that_raises_ends_the_job_while_its_peer_sleeps():
     assert "p0 (pid" in job.output and "stopped by the launcher" in job.output
 
 
+HANG_BEFORE_A_COLLECTIVE = """
+import time, numpy as np, d2l_multi as d2l
+process, _ = d2l.initialize_distributed()
+from jax.experimental import multihost_utils
+print("joined", flush=True)
+if process == 1:
+    time.sleep(600)  # stuck in its own code: never reaches the collective
+multihost_utils.process_allgather(np.ones(3))
+"""
+
+
+def test_a_hung_worker_is_named_not_the_one_that_gave_up_waiting_for_it():
+    """p0's collective times out waiting for p1, which hangs: the report names p1, and the C++
+    stack of p1's abort is one line."""
+    job = Job(["-n", "2", "--collective-timeout", "10", "--grace-period", "1"],
+              [PY, "-c", HANG_BEFORE_A_COLLECTIVE])
+    assert job.finish(timeout=150) == 1, job.output
+    assert re.search(r"FAILED: p1 \(pid \d+\) stopped responding \(silent for \d+ s when p0 "
+                     r"gave up: .*[Tt]ime.*\); p0 ended waiting for it", job.output), job.output
+    assert not re.search(r"^\[p\d\]\s+@\s+0x", job.output, re.M), job.output
+
+
 # the launcher
+
+
+def test_a_port_below_1024_needs_root_not_another_port(capsys, monkeypatch):
+    class Unprivileged(socket.socket):
+        def bind(self, address):
+            raise PermissionError(13, "Permission denied")
+    monkeypatch.setattr(launch.socket, "socket", Unprivileged)
+    assert commands.main(["launch", "--port", "80", "--", PY, "-c", "pass"]) == 2
+    err = capsys.readouterr().err
+    assert "--port 80: ports below 1024 need root" in err and "in use" not in err, err
 
 
 def test_port_in_use(capsys):
@@ -505,7 +543,8 @@ def test_a_program_this_launch_did_not_start_cannot_join():
         [PY, "-c", INTRUDED], env=dict(os.environ, **launch.job_env(1, 2, 1, port)),
         capture_output=True, text=True, timeout=120)
     assert job.finish(timeout=60) == 1, job.output
-    assert "[p0] d2l_multi.errors.NoAccessError: process 1 did not show this launch's secret: a program " \
+    assert "[p0] d2l_multi.errors.NoAccessError: process 1 did not show this launch's secret: " \
+           "a program " \
            "that this launch did not start joined the job as process 1" in job.output
     assert "FAILED: worker p0 died first (exit code 1)" in job.output
     assert "] sum" not in job.output and "sum" not in intruder.stdout
@@ -748,7 +787,7 @@ def test_resuming_refuses_checkpoints_of_another_run(resumed, capsys):
     ("metadata", 1, "8 is damaged: state/_METADATA is not valid JSON"),
     ("layouts", 1, "8 is damaged: state/_sharding is not valid JSON"),
     ("copy", 1, "12 holds the state of step 6, not of step 12: it was copied or renamed"),
-    ("stray", 1, "holds 100, which are not checkpoints"),
+    ("stray", 1, "holds the empty folder(s) 100, which no save wrote into"),
 ])
 def test_a_checkpoint_folder_that_cannot_be_resumed_is_one_line_naming_the_fix(
         resumed, tmp_path, capsys, damage, status, message):
@@ -786,6 +825,27 @@ def test_two_runs_on_one_out_are_refused(resumed, tmp_path, capsys):
     assert f"--out {out} is in use by another run; wait until it ends, or pass another " \
            f"--out" in err and "Traceback" not in err, err
     assert snapshot(out) == before
+
+
+def test_a_corrupt_log_on_resume_is_refused_and_kept(resumed, tmp_path, capsys):
+    out = tmp_path / "run"
+    shutil.copytree(resumed["out"], out)
+    (out / "log.json").write_text('[{"epoch": 1, "steps": 4')  # cut short
+    before = snapshot(out)
+    assert mp_train.main([*MP, "--epochs", "3", "--out", str(out), "--resume"]) == 1
+    err = capsys.readouterr().err
+    assert f"{out / 'log.json'} is not a log this program wrote" in err, err
+    assert err.count("error:") == 1 and "epoch 3" not in err
+    assert snapshot(out) == before
+
+
+def test_a_folder_where_the_log_goes_is_refused_before_training(tmp_path, capsys):
+    (tmp_path / "log.json").mkdir()
+    assert mp_train.main([*MP, "--out", str(tmp_path)]) == 1
+    out, err = capsys.readouterr()
+    assert f"{tmp_path / 'log.json'} is a folder, where the run writes its file log.json" \
+        in err and "epoch" not in out, err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["log.json"]
 
 
 def test_a_checkpoint_folder_whose_path_is_too_long_is_refused(tmp_path):

@@ -18,14 +18,14 @@ import jax
 import numpy as np
 import pytest
 from flax import jax_utils
-from jax.sharding import NamedSharding, PartitionSpec as P
-
-import d2l_multi as d2l
-from d2l_multi import _checks as check
-from d2l_multi.ensemble import _check_ensemble_size
-from d2l_multi.smoke_switch import SMOKE_ENV
+from jax.sharding import NamedSharding
+from jax.sharding import PartitionSpec as P
 from recording import RecordingData
 from trees import SGD_TOL, assert_trees_close
+
+import d2l_multi as d2l
+from d2l_multi.ensemble import _check_ensemble_size
+from d2l_multi.smoke_switch import SMOKE_ENV
 
 K = 3                 # SGD steps, k >= 3
 NUM_DEVICES = 8       # conftest simulates 8 CPU devices

@@ -8,6 +8,7 @@ differences small (notebook 06, exercise 4).
 Inputs are random (no dataset needed) and small (4 examples per device) to stay fast;
 parameters are filled with NumPy so no random-initialisation code has to compile.
 """
+import jax
 import numpy as np
 import optax
 import pytest
@@ -15,11 +16,10 @@ from flax import jax_utils
 from flax.training import train_state
 from jax import lax
 from jax.sharding import PartitionSpec as P
+from trees import assert_trees_close
 
-import jax
 import d2l_multi as d2l
 from d2l_multi.flax_models import cnn_from_linen
-from trees import assert_trees_close
 
 K = 3                       # SGD steps, k >= 3
 NUM_DEVICES = 8             # conftest simulates 8 CPU devices

@@ -6,10 +6,10 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from flax import nnx
+from recording import RecordingData
 
 import d2l_multi as d2l
-from d2l_multi.flax_models import LinenResNet18, cnn_from_linen
-from recording import RecordingData
+from d2l_multi.flax_models import cnn_from_linen
 
 TINY_ARCH = ((1, 4), (1, 8))  # a two-stage ResNet: fast to compile
 
@@ -53,16 +53,6 @@ def test_resnet18_shapes_and_size():
     logits = nnx.eval_shape(lambda: d2l.ResNet18(width=2, num_classes=3, rngs=nnx.Rngs(0))(
         jnp.ones((2, 28, 28, 1))))
     assert logits.shape == (2, 3)
-
-
-def test_linen_resnet18_has_the_nnx_models_parameters():
-    model = LinenResNet18()
-    variables = jax.eval_shape(lambda: model.init(jax.random.key(0), jnp.ones((1, 28, 28, 1)),
-                                                  train=False))
-    assert sum(p.size for p in jax.tree.leaves(variables["params"])) == 11_175_818
-    assert set(variables) == {"params", "batch_stats"}
-    with pytest.raises(ValueError, match="width must be a positive integer|width must be a"):
-        LinenResNet18(width=0)
 
 
 @pytest.mark.parametrize("arch, message", [

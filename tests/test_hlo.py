@@ -48,8 +48,8 @@ def test_bytes_of_the_arrays_each_collective_returns():
 
 
 def test_allreduce_bytes_reads_the_asynchronous_form():
-    assert {form: d2l.allreduce_bytes(text) for form, text in TEXT.items()} == dict.fromkeys(
-        FORMS, {"f32": 4 + 8 * 256 * 4})
+    want = {key: {"f32": 4 + 8 * 256 * 4} for key in FORMS}
+    assert {form: d2l.allreduce_bytes(text) for form, text in TEXT.items()} == want
 
 
 @pytest.mark.parametrize("line", [

@@ -4,12 +4,11 @@ sends nothing on the shell channel while it waits for a reply there, which is ho
 lost (``d2l_multi.commands.book.keep_widget_output_in_cells``)."""
 import time
 
+import kernel_watchdog
 import nbformat
 import pytest
 from nbclient import NotebookClient
 from nbclient.exceptions import CellTimeoutError
-
-import kernel_watchdog
 
 LOSE_NEXT_REQUEST = """\
 k = get_ipython().kernel

@@ -146,3 +146,39 @@ def test_the_import_lists_are_what_the_notebooks_need():
     out = subprocess.run([sys.executable, str(root / "tools" / "api.py"), "--check"],
                          capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
+
+
+def _public_callables():
+    for name in d2l_multi.__all__:
+        obj = getattr(d2l_multi, name)
+        if callable(obj) and not (isinstance(obj, type) and issubclass(obj, BaseException)):
+            yield name, obj
+
+
+def test_every_public_function_and_class_is_typed():
+    """Each parameter of what the package exports has a type; a shown (``#@save``) function
+    takes the types of its check (``validated``), which ``inspect.signature`` shows."""
+    import inspect
+    untyped = {name: [p.name for p in inspect.signature(obj).parameters.values()
+                      if p.annotation is p.empty]
+               for name, obj in _public_callables()}
+    assert not {k: v for k, v in untyped.items() if v}, untyped
+
+
+def test_every_check_takes_the_parameters_of_its_function():
+    """A check's parameters are those of the shown function: names, kinds and defaults."""
+    import inspect
+
+    def shape(signature):
+        return [(p.name, p.kind, p.default) for p in signature.parameters.values()]
+    for name, obj in _public_callables():
+        shown = getattr(obj, "__wrapped__", None)
+        if shown is None or not hasattr(obj, "__signature__"):
+            continue  # not behind a check
+        while hasattr(shown, "__wrapped__") and not isinstance(shown, type):
+            shown = shown.__wrapped__
+        target = shown.__init__ if isinstance(shown, type) else shown
+        expected = shape(inspect.signature(target))
+        if isinstance(shown, type):
+            expected = expected[1:]  # self
+        assert shape(inspect.signature(obj)) == expected, name

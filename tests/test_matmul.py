@@ -4,7 +4,8 @@ import jax
 import jax.numpy as jnp
 import pytest
 from jax import lax
-from jax.sharding import AxisType, PartitionSpec as P
+from jax.sharding import AxisType
+from jax.sharding import PartitionSpec as P
 
 import d2l_multi as d2l
 

@@ -10,7 +10,8 @@ import jax
 import jax.numpy as jnp
 import pytest
 from jax import lax
-from jax.sharding import NamedSharding, PartitionSpec as P
+from jax.sharding import NamedSharding
+from jax.sharding import PartitionSpec as P
 
 import d2l_multi as d2l
 

@@ -2,6 +2,9 @@
 global batch, and an iterator state that brings a fresh pipeline (directly or through a
 checkpoint) to exactly the batches the interrupted one would have served next, and that a
 pipeline built differently refuses."""
+import functools
+import operator
+
 import grain
 import jax
 import numpy as np
@@ -33,8 +36,8 @@ def test_array_source_is_random_access_with_a_stable_repr(source):
 
 def test_every_epoch_serves_every_record_once_in_a_new_order(source):
     batches = records(d2l.grain_loader(source, BATCH, seed=0), 2 * N // BATCH)
-    epoch_1 = sum(batches[:N // BATCH], [])
-    epoch_2 = sum(batches[N // BATCH:], [])
+    epoch_1 = functools.reduce(operator.iadd, batches[:N // BATCH], [])
+    epoch_2 = functools.reduce(operator.iadd, batches[N // BATCH:], [])
     assert sorted(epoch_1) == list(range(N)) and sorted(epoch_2) == list(range(N))
     assert epoch_1 != epoch_2 and epoch_1 != list(range(N))  # shuffled, and reshuffled
     assert records(d2l.grain_loader(source, BATCH, seed=0), 3) == batches[:3]
@@ -121,7 +124,8 @@ def test_a_loader_built_differently_rejects_the_state(source):
     for pipeline in [d2l.grain_loader(source, BATCH, seed=1), d2l.grain_loader(source, BATCH // 2),
                      d2l.grain_loader(source, BATCH, shard_options=grain.sharding.ShardOptions(
                          1, 2, True)),
-                     d2l.grain_loader(d2l.ArraySource(np.arange(N + 1), np.zeros(N + 1)), BATCH)]:
+                     d2l.grain_loader(d2l.ArraySource(np.arange(N + 1), np.zeros(N + 1, np.int32)),
+                                      BATCH)]:
         other = iter(pipeline)
         with pytest.raises(ValueError, match=r"saved by the pipeline ArraySource\(X=int64\[48\]"
                                              r".*seed=0, shard 0 of 1, batch_size=8, not by "
@@ -132,16 +136,19 @@ def test_a_loader_built_differently_rejects_the_state(source):
 
 def test_uneven_shards_drop_the_remainder(source):
     odd = d2l.ArraySource(np.arange(N + 1), np.zeros(N + 1, np.int32))
-    shards = [sum(records(d2l.grain_loader(odd, BATCH, shard_options=grain.sharding.ShardOptions(
-        i, 2, drop_remainder=True)), 3), []) for i in range(2)]
+    def shard(i):
+        options = grain.sharding.ShardOptions(i, 2, drop_remainder=True)
+        return functools.reduce(operator.iadd, records(
+            d2l.grain_loader(odd, BATCH, shard_options=options), 3), [])
+    shards = [shard(i) for i in range(2)]
     assert len(shards[0]) == len(shards[1]) == 24 and not set(shards[0]) & set(shards[1])
 
 
 @pytest.mark.parametrize("kwargs,message", [
-    (dict(seed=-1), "seed must be an integer from 0 to 2**32 - 1, got -1"),
-    (dict(seed=1.5), "seed must be an integer from 0 to 2**32 - 1, got 1.5"),
-    (dict(num_epochs=0), "num_epochs must be a positive integer, got 0"),
-    (dict(num_epochs=True), "num_epochs must be a positive integer, got True"),
+    (dict(seed=-1), "seed must be an integer from 0 to 4294967295, got -1"),
+    (dict(seed=1.5), "seed must be an integer from 0 to 4294967295, got 1.5"),
+    (dict(num_epochs=0), "num_epochs must be a positive integer or None, got 0"),
+    (dict(num_epochs=True), "num_epochs must be a positive integer or None, got True"),
 ])
 def test_bad_seeds_and_epochs(source, kwargs, message):
     with pytest.raises(ValueError) as e:

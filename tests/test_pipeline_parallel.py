@@ -9,7 +9,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from jax import lax
-from jax.sharding import NamedSharding, PartitionSpec as P
+from jax.sharding import NamedSharding
+from jax.sharding import PartitionSpec as P
 
 import d2l_multi as d2l
 from d2l_multi.pipeline_parallel import IDLE, KIND, _check_table
@@ -208,7 +209,7 @@ def placed(problem):
 def test_batch_that_does_not_split_into_micro_batches(placed):
     stages, X, Y, mesh = placed
     table = d2l.pipeline_schedule(d2l.gpipe_order(4, 3))
-    with pytest.raises(ValueError, match="batch size 16 does not divide evenly over 3 "
+    with pytest.raises(ValueError, match=r"batch size 16 does not divide evenly over 3 "
                                          "micro-batches; use a multiple of 3, e.g. 15 or 18") as e:
         d2l.pipeline_step(stages, X, Y, mesh, table)
     one_line(e)
@@ -224,7 +225,7 @@ def test_batch_that_does_not_split_into_micro_batches(placed):
      r"hold \[6\] blocks, which do not split into 4 stages"),
     (lambda s, X, Y, mesh, t: (jax.tree.map(np.asarray, s), X, Y, mesh, t),
      r"place them with jax.device_put\(params, NamedSharding\(mesh, P\('stage'\)\)\)"),
-    (lambda s, X, Y, mesh, t: (s, X, Y[:8], mesh, t), "X has 16 examples but y has 8 labels"),
+    (lambda s, X, Y, mesh, t: (s, X, Y[:8], mesh, t), "X has 16 examples but Y has 8 labels"),
     (lambda s, X, Y, mesh, t: (s, X, Y, mesh, [list(row) for row in t]),
      "table must be a non-empty tuple of time slots"),
     (lambda s, X, Y, mesh, t: (s, X, Y, mesh, t[:-1] + ((None, None, None, None),) + t[-1:]),

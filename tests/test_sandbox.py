@@ -21,7 +21,7 @@ def execute(*cells):
 
 
 def test_a_notebook_runs_in_the_sandbox():
-    nb = execute("import os\nprint(os.environ['HOME'] == %r)" % os.environ["HOME"])
+    nb = execute("import os\nprint(os.environ['HOME'] == {!r})".format(os.environ["HOME"]))
     assert nb.cells[0].outputs[0]["text"].strip() == "True"
 
 
@@ -32,7 +32,7 @@ def test_a_notebook_runs_in_the_sandbox():
     "warnings.warn_explicit('old', DeprecationWarning, 'x.py', 1, module='jax._src.x')",
 ])
 def test_a_deprecation_warning_fails_the_notebook(cell):
-    with pytest.raises(CellExecutionError, match="(Deprecation|Future)Warning"):
+    with pytest.raises(CellExecutionError, match=r"(Deprecation|Future)Warning"):
         execute(cell)
 
 

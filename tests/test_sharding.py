@@ -1,6 +1,8 @@
 """Sharding beyond data parallelism: DP, FSDP, TP and their mixes compute the same step; the
 sharded layouts hold the expected bytes per device and compile to the expected collectives;
 the memory calculator counts what the models really have; bad input is refused clearly."""
+import pathlib
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -8,10 +10,7 @@ import optax
 import pytest
 from flax import nnx
 
-import pathlib
-
 import d2l_multi as d2l
-from d2l_multi import _checks as check
 from d2l_multi.memory import transformer_footprint
 from d2l_multi.strategies import STRATEGIES
 from d2l_multi.text import TINY_TEXT
@@ -298,7 +297,10 @@ LIBRARY = sorted(f"d2l_multi.{p.stem}" for p in pathlib.Path(d2l.__file__).paren
 
 
 def test_constants_in_the_notebooks_equal_the_library():
-    import ast, importlib, json, pathlib
+    import ast
+    import importlib
+    import json
+    import pathlib
     chapters = pathlib.Path(__file__).resolve().parent.parent / "chapters"
     found = set()
     for nb in sorted(chapters.glob("*.ipynb")):

@@ -42,7 +42,7 @@ def test_animator_collects_points_and_saves_png(tmp_path):
     for epoch in range(1, 4):
         animator.add(epoch, (0.1 * epoch, None if epoch == 1 else 0.2 * epoch))
     assert animator.X == [[1.0, 2.0, 3.0], [2.0, 3.0]]
-    assert animator.Y == [pytest.approx([0.1, 0.2, 0.3]), pytest.approx([0.4, 0.6])]
+    assert [pytest.approx([0.1, 0.2, 0.3]), pytest.approx([0.4, 0.6])] == animator.Y
     path = animator.save(tmp_path / "curve.png")
     data = path.read_bytes()
     assert data[:8] == PNG and len(data) > 2000

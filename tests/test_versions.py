@@ -1,45 +1,73 @@
-"""constraints.txt pins the tested stack: every dependency of the package and of its extras,
-exactly, at a version pyproject.toml admits."""
+"""constraints.txt pins the tested stack, constraints-min.txt the oldest one: every dependency
+of the package and of its extras, exactly, at a version pyproject.toml admits; the lower bounds
+of pyproject.toml are the versions constraints-min.txt pins (docs/versions.md)."""
 import pathlib
 import re
 import tomllib
 
+import pytest
 from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
+PROJECT = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
 
 
-def pins():
+def pins(name="constraints.txt"):
     out = {}
-    for line in (ROOT / "constraints.txt").read_text().splitlines():
+    for line in (ROOT / name).read_text().splitlines():
         line = line.split("#")[0].strip()
         if line:
             req = Requirement(line)
             (spec,) = req.specifier
-            assert spec.operator == "==", f"constraints.txt: {line!r} is not an exact pin"
+            assert spec.operator == "==", f"{name}: {line!r} is not an exact pin"
+            assert canonicalize_name(req.name) not in out, f"{name} pins {req.name} twice"
             out[canonicalize_name(req.name)] = spec.version
     return out
 
 
-def test_every_dependency_is_pinned_within_the_bounds_of_pyproject():
-    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
-    pinned = pins()
-    reqs = project["dependencies"] + [r for extra in project["optional-dependencies"].values()
+def requirements():
+    """Every requirement of the package and of its extras, but the project's own extras."""
+    reqs = PROJECT["dependencies"] + [r for extra in PROJECT["optional-dependencies"].values()
                                       for r in extra]
-    for req in map(Requirement, reqs):
-        name = canonicalize_name(req.name)
-        if name == canonicalize_name(project["name"]):
-            continue                                  # d2l-multi[book]: the project itself
-        assert name in pinned, f"constraints.txt does not pin {req.name}"
-        assert req.specifier.contains(pinned[name]), (
-            f"constraints.txt pins {req.name}=={pinned[name]}, outside {req}")
+    return [req for req in map(Requirement, reqs)
+            if canonicalize_name(req.name) != canonicalize_name(PROJECT["name"])]
+
+
+def lower_bound(req):
+    (bound,) = [spec.version for spec in req.specifier if spec.operator == ">="]
+    return bound
+
+
+@pytest.mark.parametrize("name", ["constraints.txt", "constraints-min.txt"])
+def test_every_dependency_is_pinned_within_the_bounds_of_pyproject(name):
+    pinned = pins(name)
+    for req in requirements():
+        key = canonicalize_name(req.name)
+        assert key in pinned, f"{name} does not pin {req.name}"
+        assert req.specifier.contains(pinned[key]), (
+            f"{name} pins {req.name}=={pinned[key]}, outside {req}")
+
+
+@pytest.mark.parametrize("name", ["constraints.txt", "constraints-min.txt"])
+def test_jax_and_jaxlib_are_pinned_together(name):
+    pinned = pins(name)
+    assert pinned["jax"] == pinned["jaxlib"], name
+
+
+def test_every_lower_bound_is_the_version_constraints_min_pins():
+    """A lower bound is a version the whole suite passed with: raising one means raising its
+    pin in constraints-min.txt (and running the suite on it, docs/testing.md)."""
+    pinned = pins("constraints-min.txt")
+    for req in requirements():
+        assert pinned[canonicalize_name(req.name)] == lower_bound(req), (
+            f"{req} has lower bound {lower_bound(req)}, constraints-min.txt pins "
+            f"{pinned[canonicalize_name(req.name)]}")
 
 
 def test_the_libraries_whose_next_release_is_untried_have_an_upper_bound():
-    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
     bounds = {canonicalize_name(r.name): r.specifier for r in map(Requirement,
-                                                                   project["dependencies"])}
+                                                                   PROJECT["dependencies"])}
     assert not bounds["jax"].contains("0.12.0") and bounds["jax"].contains("0.11.2")
     assert not bounds["orbax-checkpoint"].contains("1.0.0")
 

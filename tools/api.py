@@ -5,8 +5,8 @@
 
 The public API (``d2l_multi/__init__.py``) is: every name a notebook calls as ``d2l.NAME``
 (in code or prose), every function or class a ``#@save`` cell defines, d2l's names the
-chapter offers, and the package's errors that readers catch. Each is imported from the library module
-that defines it; modules that import no heavy library (JAX, Flax, ...) at import time are
+chapter offers, and the package's errors that readers catch. Each is imported from the library
+module that defines it; modules that import no heavy library (JAX, Flax, ...) at import time are
 imported eagerly, the others lazily. ``d2l_multi/_earlier/M.py`` imports the names that the
 ``#@save`` code of module ``M`` calls as ``d2l.NAME``.
 """
@@ -109,8 +109,8 @@ def render():
     return import_lines(eager, ""), import_lines(lazy, "    ")
 
 
-EARLIER_DOC = '''"""What the ``#@save`` code of ``d2l_multi.{module}`` calls as ``d2l.NAME``: functions of
-earlier notebooks, imported from where they are defined (written by tools/api.py)."""
+EARLIER_DOC = '''"""What the ``#@save`` code of ``d2l_multi.{module}`` calls as ``d2l.NAME``:
+functions of earlier notebooks, imported from where they are defined (written by tools/api.py)."""
 '''
 
 

@@ -11,8 +11,8 @@ import sys
 import matplotlib
 
 matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
-from matplotlib.patches import FancyArrowPatch, FancyBboxPatch  # noqa: E402
+import matplotlib.pyplot as plt
+from matplotlib.patches import FancyArrowPatch, FancyBboxPatch
 
 OUT = pathlib.Path(__file__).resolve().parent.parent / "chapters" / "img"
 DEVICE = ["#4C72B0", "#DD8452", "#55A868", "#C44E52"]     # one colour per device
@@ -119,7 +119,7 @@ def data_parallel_step():
     for d in range(4):
         x = 0.35 + d * 2.0
         arrow(ax, (4.1, 3.6), (x + 0.8, 3.15), color="#777777", lw=0.9)
-        box(ax, x, 2.7, 1.6, 0.42, f"B/4 examples", face=DEVICE[d], color="white", size=9)
+        box(ax, x, 2.7, 1.6, 0.42, "B/4 examples", face=DEVICE[d], color="white", size=9)
         box(ax, x, 1.85, 1.6, 0.6, f"device {d}\nloss, gradient $g_{d}$", face=LIGHT[d],
             size=8)
         arrow(ax, (x + 0.8, 2.7), (x + 0.8, 2.45))
@@ -602,7 +602,7 @@ def processes_and_devices():
 def resume_timeline():
     """Checkpoints every few global steps, a crash, and the resumed run."""
     fig, ax = canvas(8.6, 2.6)
-    x = lambda step: 0.4 + step * 0.62   # noqa: E731
+    x = lambda step: 0.4 + step * 0.62
     ax.plot([x(0), x(12)], [1.7, 1.7], color=INK, lw=1)
     for step in range(13):
         ax.plot([x(step), x(step)], [1.64, 1.76], color=INK, lw=0.8)

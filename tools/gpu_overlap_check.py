@@ -62,7 +62,7 @@ def guarded(title, fn, *args):
         return None
     try:
         return fn(*args)
-    except Exception:  # noqa: BLE001 -- report and go on
+    except Exception:
         print("FAILED:\n" + traceback.format_exc(limit=6), flush=True)
         return None
 
@@ -73,7 +73,8 @@ def fsdp_program(mesh):
     import jax
     import jax.numpy as jnp
     from jax import lax
-    from jax.sharding import NamedSharding, PartitionSpec as P
+    from jax.sharding import NamedSharding
+    from jax.sharding import PartitionSpec as P
 
     def fsdp_loss(params, X, y):
         for W in params[:-1]:
@@ -94,7 +95,9 @@ def lenet_programs(mesh):
     import jax
     import jax.numpy as jnp
     import optax
-    from jax.sharding import NamedSharding, PartitionSpec as P
+    from jax.sharding import NamedSharding
+    from jax.sharding import PartitionSpec as P
+
     import d2l_multi as d2l
     adam = optax.adam(1e-3)
     replicated, split = NamedSharding(mesh, P()), NamedSharding(mesh, P("data"))
@@ -142,7 +145,7 @@ def compile_and_summarize(lowered, variants, label):
         t = time.perf_counter()
         try:
             text = lowered.compile(compiler_options=options).as_text()
-        except Exception as e:  # noqa: BLE001
+        except Exception as e:
             print(f"  [{label} / {variant}] compile failed: {type(e).__name__}: "
                   f"{str(e)[:300]}")
             continue
@@ -163,6 +166,7 @@ def schedules_on(mesh, platform, variants):
 # ---------------------------------------------------------------- the parts
 def part_a():
     import platform
+
     import jax
     import jaxlib
     print(f"python {platform.python_version()}, jax {jax.__version__}, "
@@ -171,7 +175,7 @@ def part_a():
         try:
             mod = __import__(module, fromlist=["__version__"])
             print(f"{module} {getattr(mod, '__version__', '?')}")
-        except Exception as e:  # noqa: BLE001
+        except Exception as e:
             print(f"{module}: {type(e).__name__}: {e}")
     print("default backend:", jax.default_backend())
     for device in jax.devices():
@@ -200,7 +204,7 @@ def part_b():
         return
     try:
         mesh = compile_only_mesh()
-    except Exception as e:  # noqa: BLE001
+    except Exception as e:
         print(f"compile-only topology failed ({type(e).__name__}: {str(e)[:300]}); "
               f"trying jax_mock_gpu_topology in a subprocess")
         mock_subprocess()
@@ -210,9 +214,8 @@ def part_b():
 
 def compile_only_mesh():
     """8 compile-only devices of the present GPU's kind (jax.experimental.topologies)."""
-    import jax
-    from jax.experimental import topologies
     from jax._src.lib import xla_client as xc
+    from jax.experimental import topologies
     gpu = gpus()[0]
     target = xc.get_topology_for_devices([gpu]).target_config
     errors = []
@@ -223,7 +226,7 @@ def compile_only_mesh():
             print(f"compile-only topology {name}: {len(topology.devices)} devices, "
                   f"{topology.devices[0]}")
             return topologies.make_mesh(topology, (8,), ("data",))
-        except Exception as e:  # noqa: BLE001
+        except Exception as e:
             errors.append(f"{name}: {type(e).__name__}: {str(e)[:200]}")
     raise RuntimeError("; ".join(errors))
 
@@ -261,6 +264,7 @@ def part_c():
     import jax.numpy as jnp
     import optax
     from flax import nnx
+
     import d2l_multi as d2l
     gpu = gpus()[0]
     print("device:", gpu.device_kind, "| jax_default_matmul_precision:",

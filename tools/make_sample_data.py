@@ -16,6 +16,7 @@ import sys
 
 from d2l_multi import data
 
+
 def idx_bytes(array):
     header = bytes([0, 0, 0x08, array.ndim]) + b"".join(
         int(s).to_bytes(4, "big") for s in array.shape)
@@ -30,7 +31,8 @@ def main(source):
         out.mkdir(parents=True, exist_ok=True)
         for split, files in data._SPLITS.items():
             X, y = full[split]
-            for fname, array in zip(files, (X[:data.SAMPLE_SIZES[split]], y[:data.SAMPLE_SIZES[split]])):
+            size = data.SAMPLE_SIZES[split]
+            for fname, array in zip(files, (X[:size], y[:size])):
                 raw = idx_bytes(array)
                 with open(out / fname, "wb") as f:
                     f.write(gzip.compress(raw, compresslevel=9, mtime=0))

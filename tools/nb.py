@@ -58,6 +58,7 @@ def sync(nb_path):
     current source; print the names the library no longer has."""
     import ast
     import json
+
     import d2l_multi
     nb = json.loads(pathlib.Path(nb_path).read_text())
     for cell in nb["cells"]:

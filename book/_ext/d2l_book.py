@@ -111,7 +111,7 @@ def mathjax_source():
     if spec is None or not spec.submodule_search_locations:
         raise ExtensionError("MathJax for offline reading is missing: "
                              "pip install -e \".[book]\" (it installs sphinx-mathjax-offline)")
-    return pathlib.Path(list(spec.submodule_search_locations)[0]) / "static" / "mathjax"
+    return pathlib.Path(next(iter(spec.submodule_search_locations))) / "static" / "mathjax"
 
 
 def copy_mathjax(app, exc):

@@ -10,12 +10,13 @@ exception is a bug and shows its traceback.
 """
 import argparse
 import importlib
-import os
 import sys
 from collections.abc import Callable, Sequence
 
 from .. import __version__
+from .._checks import env_flag
 from ..errors import Error, InputError
+from ..smoke_switch import smoke
 from .common import OneLineParser
 
 COMMANDS = ("train", "benchmark", "launch", "book", "classroom")
@@ -54,14 +55,18 @@ def parser(command: str | None = None) -> argparse.ArgumentParser:
 
 def run(prog: str, function: Callable[..., int], *args: object) -> int:
     """``function(*args)``; the package's own errors become one line and exit status 2 (a bad
-    argument or value) or 1, Ctrl-C becomes 130; other exceptions propagate."""
+    argument or value) or 1, Ctrl-C becomes 130; other exceptions propagate. The switches
+    ``D2L_MULTI_TRACEBACK`` and ``D2L_MULTI_SMOKE`` are read first, strictly."""
+    show = False
     try:
+        show = env_flag(TRACEBACK_ENV)
+        smoke()
         return function(*args)
     except KeyboardInterrupt:
         print(f"{prog}: interrupted", file=sys.stderr)
         return 130
     except Error as e:
-        if os.environ.get(TRACEBACK_ENV):
+        if show:
             raise
         print(f"{prog}: error: {e}", file=sys.stderr)
         return 2 if isinstance(e, InputError) else 1

@@ -28,13 +28,12 @@ import functools
 import os
 import platform
 import statistics
-import sys
 import time
 
-from ..errors import InputError
 from .. import _checks as check
-from ..hardware import set_cpu_compiler_flags
 from .. import smoke_switch
+from ..errors import InputError
+from ..hardware import set_cpu_compiler_flags
 
 EPOCH_IMAGES = 60000
 SUBCOMMANDS = ("lenet", "profile", "collectives", "predict", "models")
@@ -62,6 +61,7 @@ def _counts(name, text, least, example):
 def _machine():
     import jax
     import jaxlib
+
     from ..hardware import describe_machine
     devices = jax.devices()
     return "\n".join([
@@ -76,7 +76,7 @@ def xla_cpu_defaults():
     """Compiler options that give one program XLA:CPU's default use of YNNPACK back, in a process
     where ``d2l.set_cpu_compiler_flags`` turned it off; ``{}`` where that flag was not set."""
     from importlib import metadata
-    import d2l_multi as d2l
+
     version = metadata.version("jaxlib")
     if not version.startswith(("0.10.", "0.11.")) or not set_cpu_compiler_flags({}, version):
         return {}
@@ -118,6 +118,7 @@ def straightforward(n, X, y, batch, compiler_options=None):
     import jax
     import numpy as np
     import optax
+
     import d2l_multi as d2l
     params = d2l.init_lenet_params(jax.random.key(0))
     params = [p.transpose(3, 2, 0, 1) if p.ndim == 4 else p for p in params]  # HWIO -> OIHW
@@ -144,6 +145,7 @@ def straightforward(n, X, y, batch, compiler_options=None):
 def chapter_pmap(n, X, y, batch):
     """The chapter's d2l.train path: NHWC, d2l.conv2d, d2l.train_batch (pmap)."""
     import jax
+
     import d2l_multi as d2l
     params = d2l.replicate(d2l.init_lenet_params(jax.random.key(0)), d2l.devices(n))
 
@@ -156,6 +158,7 @@ def chapter_no_allreduce(n, X, y, batch):
     """The chapter's pmap step without its allreduce (``lax.pmean``): each device takes its own
     SGD step. Not a data-parallel step; the difference to ``chapter_pmap`` is the allreduce."""
     import jax
+
     import d2l_multi as d2l
 
     def device_step(params, X, y, lr):
@@ -174,7 +177,9 @@ def chapter_no_allreduce(n, X, y, batch):
 def chapter_jit(n, X, y, batch):
     """jit + NamedSharding: params replicated, the epoch's batches put on the devices once."""
     import jax
-    from jax.sharding import NamedSharding, PartitionSpec as P
+    from jax.sharding import NamedSharding
+    from jax.sharding import PartitionSpec as P
+
     import d2l_multi as d2l
     mesh = d2l.device_mesh((n,))
     params = jax.device_put(d2l.init_lenet_params(jax.random.key(0)), NamedSharding(mesh, P()))
@@ -285,7 +290,8 @@ def lenet_main(args):
     steps = min(args.steps or smoke_switch.pick(epoch_steps, 10), epoch_steps)
     rounds = smoke_switch.shrink(args.rounds, 1)
     print(f"timing {steps} steps of batch {args.batch_size} per row in each of {rounds} rounds; "
-          f"sec/epoch = time per step x {epoch_steps}" + (" [SMOKE RUN]" if smoke_switch.smoke() else ""))
+          f"sec/epoch = time per step x {epoch_steps}"
+          + (" [SMOKE RUN]" if smoke_switch.smoke() else ""))
     defaults = xla_cpu_defaults()
     formulations = [
         ("straightforward (d2l text): pmap, NCHW, host batches, XLA:CPU defaults",
@@ -442,6 +448,7 @@ def profile_jax(compiled, args, steps, log_dir):
     import glob
     import gzip
     import json
+
     import jax
     table = hlo_instructions(compiled.as_text())
     kernels = {tuple(sorted(p.shape)) for p in jax.tree.leaves(args[0]) if p.ndim == 4}
@@ -498,6 +505,7 @@ def profile_main(args):
                                  ("--steps", args.steps, 20), ("--devices", args.devices, 8)):
         _positive(name, value, example)
     import tempfile
+
     import d2l_multi as d2l
     check.divisible(args.batch_size, args.devices)
     os.environ["PJRT_NPROC"] = "1"          # XLA:CPU's intra-op pool: one thread
@@ -584,6 +592,7 @@ def collectives_main(args):
     _positive("--max-mb", args.max_mb, 32)
     _positive("--repeat", args.repeat, 5)
     import numpy as np
+
     import d2l_multi as d2l
     d2l.simulate_devices(max(counts))
     d2l.devices(max(counts))
@@ -604,8 +613,9 @@ def collectives_main(args):
           "ring 1/beta_link GB/s |\n|---|---|---|---|---|---|---|")
     for collective in collectives:
         for k in counts:
-            n = np.array([r["bytes"] for r in rows if (r["collective"], r["devices"]) == (collective, k)])
-            t = np.array([r["seconds"] for r in rows if (r["collective"], r["devices"]) == (collective, k)])
+            mine = [r for r in rows if (r["collective"], r["devices"]) == (collective, k)]
+            n = np.array([r["bytes"] for r in mine])
+            t = np.array([r["seconds"] for r in mine])
             alpha, beta = d2l.fit_alpha_beta(n, t)
             error = np.max(np.abs((alpha + beta * n) / t - 1))
             hop, link = d2l.ring_per_hop(alpha, beta, k)
@@ -669,7 +679,8 @@ def predict_main(args):
                                      *d2l.shard(images(B), mesh, P("data")), repeat=args.repeat)
             samples[k].append((*share, *many))
     print(f"global batch {B}, gradient {grad_bytes} bytes, {cores} cores; medians of "
-          f"{smoke_switch.shrink(args.rounds, 1)} rounds of {smoke_switch.shrink(args.repeat, 2)} steps")
+          f"{smoke_switch.shrink(args.rounds, 1)} rounds of "
+          f"{smoke_switch.shrink(args.repeat, 2)} steps")
     print("compute: " + ("k shares of one device's CPU seconds over the cores p the k devices "
                          "kept busy (CPU seconds / wall seconds)" if on_cpu else
                          "one device's share, all devices at once"))
@@ -696,6 +707,7 @@ def _model_steps(width):
     import jax
     import optax
     from flax import nnx
+
     import d2l_multi as d2l
 
     def lenet_step(params, X, y):
@@ -733,6 +745,7 @@ def models_main(args):
         _positive(name, value, example)
     import jax
     import jax.numpy as jnp
+
     import d2l_multi as d2l
     print(_machine())
     from ..hardware import _accelerators

@@ -2,7 +2,8 @@
 
 The landing page and configuration live in ``book/``, the pages are ``chapters/*.ipynb`` in
 file-name order: those of the checkout the package runs from, or of the folder ``--chapters``
-names (with ``book/`` beside it). By default every notebook is executed through jupyter-cache, so a rebuild
+names (with ``book/`` beside it). By default every notebook is executed through jupyter-cache,
+so a rebuild
 re-runs only notebooks whose code changed (changes to ``d2l_multi`` itself are not noticed:
 pass ``--rerun`` after them). The notebooks' kernels share JAX's persistent compilation cache
 (``_build/jax_cache``; ``--rerun`` empties it too), so a program several notebooks compile alike
@@ -13,13 +14,18 @@ files an earlier build wrote (each build lists them in ``.d2l-book-files``).
 """
 import argparse
 import importlib.util
+import json
 import os
 import pathlib
+import re
 import shutil
 import sys
 import tempfile
 import time
-from ..errors import AlreadyExistsError, InputError, NotFoundError
+import urllib.parse
+from collections.abc import Iterable
+
+from ..errors import AlreadyExistsError, InputError, NotFoundError, PathError
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]  # the checkout, when run from one
 MODES = ("full", "smoke", "off")
@@ -114,6 +120,28 @@ def compilation_cache_env(folder, environ=None):
     return {name: value for name, value in wanted.items() if name not in environ}
 
 
+LINK = re.compile(r"\]\(\s*<?([^)\s>]+)|<img[^>]*?\ssrc=[\"']([^\"']+)")  # markdown, HTML
+SCHEME = re.compile(r"[a-z][a-z0-9+.-]*:", re.I)  # https:, mailto:, ... (not a file)
+
+
+def check_links(chapters: pathlib.Path, notebooks: Iterable[pathlib.Path]) -> None:
+    """Raise a PathError naming the first link or image in the notebooks' markdown whose path
+    leaves ``chapters`` once resolved (``img/../../x``, an absolute path): Sphinx would copy
+    that file into the book."""
+    root = pathlib.Path(chapters).resolve()
+    for nb in notebooks:
+        for cell in json.loads(pathlib.Path(nb).read_text(encoding="utf-8"))["cells"]:
+            if cell["cell_type"] != "markdown":
+                continue
+            for match in LINK.finditer("".join(cell["source"])):
+                target = urllib.parse.unquote((match[1] or match[2]).split("#")[0])
+                if target and not SCHEME.match(target) and \
+                        not (root / target).resolve().is_relative_to(root):
+                    raise PathError(f"{pathlib.Path(nb).name} links to {target}, which leaves "
+                                    f"{chapters}; the book takes only the files under it: "
+                                    f"link to a copy there, or to a URL")
+
+
 def stage_sources(chapters, dest):
     """Copy ``book/``, ``chapters/*.ipynb`` and ``chapters/img/`` into ``dest``, the Sphinx
     source folder."""
@@ -126,6 +154,7 @@ def stage_sources(chapters, dest):
     if not notebooks:
         raise NotFoundError(f"no notebooks in {paths['chapters']}: the book needs "
                             f"chapters/*.ipynb")
+    check_links(paths["chapters"], notebooks)
     shutil.copytree(paths["conf"], dest, ignore=shutil.ignore_patterns("__pycache__"))
     (dest / "chapters").mkdir()
     for nb in notebooks:

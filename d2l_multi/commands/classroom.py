@@ -27,7 +27,6 @@ import shutil
 import subprocess
 import sys
 import tempfile
-import textwrap
 import threading
 from concurrent.futures import ThreadPoolExecutor
 

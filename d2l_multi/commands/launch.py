@@ -15,6 +15,7 @@ secret) before any data moves: see docs/multi_process.md for what a shared machi
         python -m d2l_multi.mp_train --epochs 2
 """
 import argparse
+import collections
 import hmac
 import math
 import os
@@ -28,9 +29,16 @@ import sys
 import threading
 import time
 
-from ..distributed import (COLLECTIVE_TIMEOUT_ENV, COORDINATOR_ENV, DEVICES_PER_PROCESS_ENV,
-                           HEARTBEAT_TIMEOUT_ENV, LAUNCHER_PID_ENV, NUM_PROCESSES_ENV,
-                           PROCESS_ID_ENV, SECRET_ENV)
+from ..distributed import (
+    COLLECTIVE_TIMEOUT_ENV,
+    COORDINATOR_ENV,
+    DEVICES_PER_PROCESS_ENV,
+    HEARTBEAT_TIMEOUT_ENV,
+    LAUNCHER_PID_ENV,
+    NUM_PROCESSES_ENV,
+    PROCESS_ID_ENV,
+    SECRET_ENV,
+)
 from ..errors import InputError
 
 HOST = "127.0.0.1"        # workers talk over loopback only; a multi-host job uses its cluster
@@ -40,6 +48,11 @@ HOST = "127.0.0.1"        # workers talk over loopback only; a multi-host job us
 GLOO_PIECES = re.compile(r"\[Gloo\] Rank (\d+)?|(\d+)? ?is connected to (\d+)?|"
                          r"(\d+)? ?peer ranks\. |Expected number of connected peer ranks is : "
                          r"(\d+)?")
+
+
+CPP_FRAME = re.compile(r"\s*@\s+0x[0-9a-f]+\s")  # a line of a C++ stack trace (absl's)
+# what a worker prints when a collective, a barrier or a heartbeat waited for its peers in vain
+WAITED = re.compile(r"[Tt]imed? ?out|DEADLINE_EXCEEDED|[Hh]eartbeat")
 
 
 def drop_gloo_chatter(line):
@@ -125,6 +138,10 @@ def check_port(port, host=HOST):
         s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # ignore TIME_WAIT leftovers
         try:
             s.bind((host, port))
+        except PermissionError:
+            raise LaunchError(f"--port {port}: ports below 1024 need root (or the "
+                              f"CAP_NET_BIND_SERVICE capability); pick one from 1024 to "
+                              f"65535, or leave --port out to get a free one") from None
         except OSError as e:
             raise LaunchError(f"port {port} on {host} is already in use ({e.strerror}): "
                               f"another job or a previous run still holds it. Pick another "
@@ -294,11 +311,16 @@ def stream(proc, prefix, lock, verbose=False, out=None, on_line=None, closed=Non
     call ``on_line(line)`` for every line shown. When ``out``'s reader has gone (a closed pipe,
     as after ``| head``), set the event ``closed`` and keep reading, so the worker never
     blocks on a full pipe."""
-    out = out or sys.stdout
+    out, frames = out or sys.stdout, 0
     for raw in iter(proc.stdout.readline, b""):
         line = raw.decode("utf-8", errors="replace").rstrip("\n")
         if not verbose:
             line = drop_gloo_chatter(line)
+            if CPP_FRAME.match(line):  # C++ stack frames: one line says they were left out
+                frames += 1
+                if frames > 1:
+                    continue
+                line = "    (its C++ stack frames are left out; --verbose shows them)"
             if not line.strip():
                 continue
         if closed is not None and closed.is_set():
@@ -417,12 +439,14 @@ class _Worker:
 
     def __init__(self, index, proc, lock, verbose, closed):
         self.index, self.proc, self.last, self.last_time = index, proc, None, None
+        self.recent = collections.deque(maxlen=40)  # (time, line): read after a failure
         self.thread = threading.Thread(target=stream, daemon=True, args=(
             proc, f"[p{index}]", lock, verbose, None, self._saw, closed))
         self.thread.start()
 
     def _saw(self, line):
         self.last, self.last_time = line, time.monotonic()
+        self.recent.append((self.last_time, line))
 
     def __str__(self):
         return f"p{self.index} (pid {self.proc.pid})"
@@ -500,6 +524,7 @@ def _report_failure(workers, first, elapsed, grace_period, signals):
     _log(f"worker {first} failed after {elapsed:.1f} s: {describe_exit(code)}; stopping the "
          f"others")
     running = [w for w in workers if w.proc.poll() is None]
+    hung = _hung(first, [w for w in running if w not in paused])  # before their last words
     _stop(workers, grace_period, signals)
     for w in workers:
         if w is not first:
@@ -509,8 +534,26 @@ def _report_failure(workers, first, elapsed, grace_period, signals):
     if paused:
         cause = (f", after {', '.join(f'p{w.index}' for w in paused)} had been stopped (SIGSTOP "
                  f"or Ctrl-Z): a stopped worker sends no heartbeat, so its peers count it dead")
-    _log(f"FAILED: worker p{first.index} died first ({describe_exit(code)}){cause}")
+    if hung:
+        _log(f"FAILED: {hung}; p{first.index} ended waiting for it ({describe_exit(code)})")
+    else:
+        _log(f"FAILED: worker p{first.index} died first ({describe_exit(code)}){cause}")
     return code if code > 0 else 128 - code
+
+
+def _hung(first, others):
+    """Which of ``others`` (still running) ``first`` waited for in vain, described, when
+    ``first``'s last lines say it gave up waiting (a collective, a barrier or a heartbeat timed
+    out): the one silent longest. None when the lines say nothing of the kind."""
+    waited = next(((t, line) for t, line in reversed(first.recent) if WAITED.search(line)), None)
+    if waited is None or not others:
+        return None
+    before = {w: max((t for t, _ in w.recent if t <= waited[0]), default=None) for w in others}
+    silent = min(others, key=lambda w: (before[w] is not None, before[w] or 0))
+    quiet = (f"silent for {waited[0] - before[silent]:.0f} s" if before[silent] is not None
+             else "silent")
+    return (f"{silent} stopped responding ({quiet} when p{first.index} gave up: "
+            f"{waited[1].strip()[-90:]!r})")
 
 
 def _supervise(command, processes, env_of, grace_period, timeout, verbose, watchdog, signals,

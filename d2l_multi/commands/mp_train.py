@@ -21,7 +21,6 @@ uses an ``--out`` (process 0 holds ``OUT/.lock``). SIGTERM (a preemption notice)
 checkpoint at the next step all processes reach, then ends the run with status 143.
 """
 import contextlib
-import fcntl
 import functools
 import itertools
 import json
@@ -29,20 +28,21 @@ import math
 import os
 import pathlib
 import signal
-import tempfile
 
 import jax
 import jax.numpy as jnp
 import numpy as np
-from jax.sharding import NamedSharding, PartitionSpec as P
+from jax.sharding import NamedSharding
+from jax.sharding import PartitionSpec as P
 
 import d2l_multi as d2l
+
 from .. import _checks as check
+from .. import smoke_switch
 from ..checkpoint import wait_for_saves
 from ..distributed import global_batch, launcher_settings
-from .. import smoke_switch
-from .common import OneLineParser, positive, save_atomic, writable_dir
-from ..errors import DivergedError, InUseError, InputError, NoAccessError, NotAFolderError
+from ..errors import DataError, DivergedError, InputError, PathError
+from .common import OneLineParser, check_out, only_run, positive, save_atomic, writable_dir
 
 PROG = "python -m d2l_multi.mp_train"
 TRAIN_SIZE, TEST_SIZE = 60_000, 10_000  # Fashion-MNIST's training and test examples
@@ -92,7 +92,8 @@ class Plan:
         self.num_train = _examples("--num-train", asked, TRAIN_SIZE,
                                    d2l.FashionMNIST.smoke_sizes[0])
         self.num_val = _examples("--num-val",
-                                 smoke_switch.pick(None, 512) if args.num_val is None else args.num_val,
+                                 smoke_switch.pick(None, 512) if args.num_val is None
+                                 else args.num_val,
                                  TEST_SIZE, d2l.FashionMNIST.smoke_sizes[1])
         if self.num_train < args.batch_size:
             shrunk = asked is None or asked > self.num_train
@@ -113,7 +114,7 @@ class Plan:
         if args.resume and args.out is None:
             raise InputError("--resume needs --out: the checkpoints are in OUT/checkpoints")
         if args.out is not None:
-            _check_out(args.out)
+            check_out(args.out, OUTPUTS, OUTPUT_BYTES)
         settings = launcher_settings()
         if settings:  # under the launcher the device count is known before JAX starts
             devices = settings["num_processes"] * settings["devices_per_process"]
@@ -151,20 +152,8 @@ def _examples(option, asked, available, smoke_size):
     return available if n is None else n
 
 
-def _check_out(out):
-    """Refuse an --out that is a file or cannot be created or written, creating nothing (a
-    probe file comes and goes in the nearest folder that exists)."""
-    if out.exists() and not out.is_dir():
-        raise NotAFolderError(f"--out {out} is a file, not a folder; pass a folder")
-    existing = next(p for p in [out, *out.absolute().parents] if p.exists())
-    if not existing.is_dir():
-        raise NotAFolderError(f"--out {out}: {existing} is a file, not a folder; pass a "
-                              f"folder")
-    try:
-        tempfile.TemporaryFile(dir=existing).close()
-    except OSError as e:
-        raise NoAccessError(f"cannot write into --out {out} ({existing}: {e.strerror}); "
-                            f"pass a folder you can write to") from None
+OUTPUTS = ("log.json", "train.png", "params.npz")  # the files process 0 writes into --out
+OUTPUT_BYTES = 4_000_000  # about what a run writes: those and 3 checkpoints of LeNet
 
 
 def data_mesh():
@@ -238,12 +227,18 @@ def log(message, everyone=False):
 
 
 def _earlier_log(path, step):
-    """The rows of an earlier run's ``log.json`` up to ``step``, where a resumed run goes on."""
-    try:
-        rows = json.loads(path.read_text())
-        return [r for r in rows if r["steps"] <= step]
-    except (OSError, ValueError, TypeError, KeyError):
+    """The rows of an earlier run's ``log.json`` up to ``step``, where a resumed run goes on.
+    A log that is not one this program wrote is refused (and kept), not replaced."""
+    if step == 0 or not path.exists():
         return []
+    try:
+        return [r for r in json.loads(path.read_text()) if r["steps"] <= step]
+    except (ValueError, TypeError, KeyError) as e:
+        raise DataError(f"{path} is not a log this program wrote ({type(e).__name__}: {e}); "
+                        f"move it away to resume, or pass another --out") from None
+    except OSError as e:
+        raise PathError(f"cannot read {path}: {e.strerror}; move it away to resume, or pass "
+                        f"another --out") from None
 
 
 def _differences(state, args, plan):
@@ -297,13 +292,7 @@ def _only_run(out):
     if out is None or jax.process_index() != 0:
         yield
         return
-    out.mkdir(parents=True, exist_ok=True)
-    with open(out / ".lock", "a") as lock:
-        try:
-            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            raise InUseError(f"--out {out} is in use by another run; wait until it ends, "
-                             f"or pass another --out") from None
+    with only_run(out):
         yield
 
 

@@ -1,5 +1,6 @@
 """``python -m d2l_multi train``: LeNet data parallel on 1 and N devices, table and plots."""
 import argparse
+import contextlib
 import json
 import os
 import pathlib
@@ -8,11 +9,11 @@ import sys
 import tempfile
 import time
 
-from ..errors import Error, InputError
 from .. import _checks as check
-from ..hardware import cpu_threads, describe_machine
 from .. import smoke_switch
-from .common import positive, save_atomic, writable_dir
+from ..errors import Error, InputError
+from ..hardware import cpu_threads, describe_machine
+from .common import check_out, only_run, positive, save_atomic
 
 HELP = "LeNet data parallel on 1 and N devices: a table and two plots (the default command)"
 DESCRIPTION = ("Train LeNet on Fashion-MNIST data-parallel on 1 and N devices (N simulated CPU "
@@ -33,7 +34,8 @@ def _device_counts(text):
         try:
             n = int(part)
         except ValueError:
-            raise argparse.ArgumentTypeError(f"device counts are integers or 'all', got {part!r}")
+            raise argparse.ArgumentTypeError(
+                f"device counts are integers or 'all', got {part!r}") from None
         if n < 1:
             raise argparse.ArgumentTypeError(f"device counts must be positive, got {n}")
         counts.append(n)
@@ -171,11 +173,25 @@ def _run_apart(n, batch, lr, epochs, limit, environ):
     return {**run, "process_devices": n}
 
 
+RESULTS = ("results.json", "accuracy.png", "sec_per_epoch.png")  # what a run writes
+RESULTS_BYTES = 2_000_000  # about as much
+
+
 def run(args: argparse.Namespace) -> int:
     """Train on each device count of ``args.devices``; print the table, save plots and
-    results.json into ``args.out``; return the exit status."""
+    results.json into ``args.out`` (checked first, and held by this run alone); return the
+    exit status."""
+    check_out(args.out, RESULTS, RESULTS_BYTES)
+    with contextlib.ExitStack() as held:
+        if args.out.is_dir():  # another run may hold it: refuse at once, before JAX starts
+            held.enter_context(only_run(args.out))
+        return _run(args, held)
+
+
+def _run(args, held):
     started = time.perf_counter()
     import d2l_multi as d2l
+
     from .book import versions
     pinned, environ = args.cpu_devices is not None, dict(os.environ)
     if not pinned:  # the largest count asked for, at most 8
@@ -192,7 +208,9 @@ def run(args: argparse.Namespace) -> int:
         scale = n if args.scale_batch else 1
         configs.append((n, args.batch_size * scale, args.lr * scale))
         check.divisible(configs[-1][1], n)
-    out = writable_dir(args.out)
+    out = args.out
+    if not out.is_dir():  # a new folder: created, and held, once the settings are checked
+        held.enter_context(only_run(out))
     smoke = " [SMOKE RUN: not results]" if smoke_switch.smoke() else ""
     cpu, stack = describe_machine(), versions()  # printed now, saved with the results
     print(f"machine: {cpu}\n{stack}")

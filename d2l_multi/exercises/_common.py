@@ -222,7 +222,7 @@ def _decode(data, depth=0):
         return int(str(data["big"])[:400])
     dtype, shape, raw = data.get("array"), data.get("shape"), data.get("data")
     if dtype not in _DTYPES or not isinstance(shape, list) or not isinstance(raw, str) or \
-            not all(isinstance(n, int) and 0 <= n for n in shape) or len(shape) > 32:
+            not all(isinstance(n, int) and n >= 0 for n in shape) or len(shape) > 32:
         raise ValueError("a recorded array of an unknown form")
     if dtype == "bfloat16":
         import ml_dtypes

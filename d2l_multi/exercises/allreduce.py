@@ -3,8 +3,7 @@ import math
 
 import numpy as np
 
-from ._common import (_call, _close, _exercise, _fail, _mesh, _observe, _Problem, _run,
-                      _shown_name)
+from ._common import _call, _close, _exercise, _fail, _mesh, _observe, _Problem, _run, _shown_name
 
 # --------------------------------------------------------------------------------------------
 # 02: allreduce

@@ -10,7 +10,8 @@ _SPECS = {"w": ("P(None, 'data')", (None, "data")), "b": ("P()", ()), "step": ("
 def _describe(target, tree, mesh, k):
     """What ``restore_target`` returned, leaf by leaf, as plain data."""
     import jax
-    from jax.sharding import NamedSharding, PartitionSpec as P
+    from jax.sharding import NamedSharding
+    from jax.sharding import PartitionSpec as P
     if jax.tree.structure(target) != jax.tree.structure(tree):
         return {"structure": False}
     leaves = {}
@@ -41,7 +42,8 @@ def restore_target(restore_target, k):
     def probe():
         import jax
         import jax.numpy as jnp
-        from jax.sharding import NamedSharding, PartitionSpec as P
+        from jax.sharding import NamedSharding
+        from jax.sharding import PartitionSpec as P
         saved_mesh = _mesh((8,), ("data",))
         tree = {name: jnp.zeros(shape, dtype) for name, (shape, dtype) in saved.items()}
         tree = jax.device_put(tree, {"w": NamedSharding(saved_mesh, P("data")),

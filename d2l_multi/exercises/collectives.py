@@ -1,6 +1,15 @@
 """The checks of the exercises of notebook 07a_collectives."""
-from ._common import (_call, _close, _exercise, _fail, _number, _observe, _ring_bytes_per_device,
-                      _ring_seconds, _times)
+from ._common import (
+    _call,
+    _close,
+    _exercise,
+    _fail,
+    _number,
+    _observe,
+    _ring_bytes_per_device,
+    _ring_seconds,
+    _times,
+)
 
 # --------------------------------------------------------------------------------------------
 # 07a: collectives and the alpha-beta model

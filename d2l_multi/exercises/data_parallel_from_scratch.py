@@ -3,9 +3,24 @@ import math
 
 import numpy as np
 
-from ._common import (_call, _close, _devices, _exercise, _fail, _first_line, _near, _observe,
-                      _reference_step, _run, _same_structure, _scale, _softmax_loss,
-                      _softmax_problem, _tree, _update_problem)
+from ._common import (
+    _call,
+    _close,
+    _devices,
+    _exercise,
+    _fail,
+    _first_line,
+    _near,
+    _observe,
+    _reference_step,
+    _run,
+    _same_structure,
+    _scale,
+    _softmax_loss,
+    _softmax_problem,
+    _tree,
+    _update_problem,
+)
 
 # --------------------------------------------------------------------------------------------
 # 03: data parallelism from scratch

@@ -1,8 +1,19 @@
 """The checks of the exercises of notebook 05a_flax."""
 import numpy as np
 
-from ._common import (_call, _close, _exercise, _fail, _mesh, _near, _number, _observe, _run,
-                      _scale, _softmax_problem)
+from ._common import (
+    _call,
+    _close,
+    _exercise,
+    _fail,
+    _mesh,
+    _near,
+    _number,
+    _observe,
+    _run,
+    _scale,
+    _softmax_problem,
+)
 
 # --------------------------------------------------------------------------------------------
 # 05a: Flax
@@ -33,7 +44,8 @@ def nnx_step(train_step, seed):
     def probe():
         import jax
         from flax import nnx
-        from jax.sharding import NamedSharding, PartitionSpec as P
+        from jax.sharding import NamedSharding
+        from jax.sharding import PartitionSpec as P
         mesh = _mesh((8,), ("data",))
         model, optimizer = _model_and_optimizer()
         nnx.update((model, optimizer), jax.device_put(nnx.state((model, optimizer)),

@@ -1,6 +1,17 @@
 """The checks of the exercises of notebook 04a_jit_and_shardings."""
-from ._common import (_call, _close, _exercise, _fail, _mesh, _observe, _reference_step, _run,
-                      _softmax_loss, _softmax_problem, _tree)
+from ._common import (
+    _call,
+    _close,
+    _exercise,
+    _fail,
+    _mesh,
+    _observe,
+    _reference_step,
+    _run,
+    _softmax_loss,
+    _softmax_problem,
+    _tree,
+)
 
 # --------------------------------------------------------------------------------------------
 # 04a: jit and shardings
@@ -26,7 +37,8 @@ def jit_data_parallel(place, case):
 
     def probe():
         import jax
-        from jax.sharding import NamedSharding, PartitionSpec as P
+        from jax.sharding import NamedSharding
+        from jax.sharding import PartitionSpec as P
         mesh = _mesh((k,), ("data",))
         out = _call(place, "place", params, X, y, mesh)
         if not isinstance(out, (tuple, list)) or len(out) != 3:

@@ -1,8 +1,18 @@
 """The checks of the exercises of notebook 06_keras."""
 import numpy as np
 
-from ._common import (_call, _close, _exercise, _fail, _mesh, _number, _observe, _run,
-                      _softmax_problem, _tree)
+from ._common import (
+    _call,
+    _close,
+    _exercise,
+    _fail,
+    _mesh,
+    _number,
+    _observe,
+    _run,
+    _softmax_problem,
+    _tree,
+)
 
 # --------------------------------------------------------------------------------------------
 # 06: Keras
@@ -46,7 +56,8 @@ def keras_step(make_train_step, seed):
 
     def probe():
         import jax
-        from jax.sharding import NamedSharding, PartitionSpec as P
+        from jax.sharding import NamedSharding
+        from jax.sharding import PartitionSpec as P
         model, optimizer, loss_fn, initial = _build()
         step = _call(make_train_step, "make_train_step", model, loss_fn, optimizer)
         sharded = jax.jit(lambda s, X, y: _call(step, "train_step", s, X, y))

@@ -22,7 +22,8 @@ def _assemble(batch, rows, num_processes):
     p-th group of the mesh (processes in order), each holding its share of p's rows. None
     where the rows cannot be laid out so."""
     import jax
-    from jax.sharding import NamedSharding, PartitionSpec as P
+    from jax.sharding import NamedSharding
+    from jax.sharding import PartitionSpec as P
     per = max(1, 8 // num_processes)
     mesh = _mesh((num_processes * per,), ("data",))
     devices = list(mesh.devices.flat)

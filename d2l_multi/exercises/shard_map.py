@@ -1,9 +1,23 @@
 """The checks of the exercises of notebook 04b_shard_map."""
 import numpy as np
 
-from ._common import (_call, _close, _exercise, _fail, _mesh, _near, _observe, _run,
-                      _same_structure, _scale, _softmax_grad, _softmax_loss, _softmax_problem,
-                      _times, _tree)
+from ._common import (
+    _call,
+    _close,
+    _exercise,
+    _fail,
+    _mesh,
+    _near,
+    _observe,
+    _run,
+    _same_structure,
+    _scale,
+    _softmax_grad,
+    _softmax_loss,
+    _softmax_problem,
+    _times,
+    _tree,
+)
 
 # --------------------------------------------------------------------------------------------
 # 04b: shard_map
