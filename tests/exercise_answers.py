@@ -62,7 +62,7 @@ def ring_allreduce(x, axis_name):
 
 
 def few_step_allreduce(x, axis_name):
-    k, i = lax.axis_size(axis_name), lax.axis_index(axis_name)
+    k = lax.axis_size(axis_name)
     step = 1
     while step < k:  # exchange everything summed so far with the partner i XOR step
         x = x + lax.ppermute(x, axis_name, [(j, j ^ step) for j in range(k)])

@@ -244,15 +244,14 @@ def _dumps(value):
     return json.dumps(value, allow_nan=False, separators=(",", ":"))
 
 
-def _grade_cell(namespace, module, name, answer_names, hidden, alias, token):
+def _grade_cell(namespace, check, module, answer_names, hidden, alias, token):
     """Run in the student's kernel by the grader's copy of the checks (the hidden part of a
-    test cell): record the check ``name`` on its public cases and on ``hidden`` (a literal),
-    publish the records for the grader to judge, and silence the cell's visible call."""
+    test cell): record ``check`` on its public cases and on ``hidden`` (a literal), publish
+    the records for the grader to judge, and silence the cell's visible call."""
     from IPython.display import publish_display_data
-    check = globals()[name]
     answers = [namespace[n] if n in namespace else _Missing(n) for n in answer_names]
     names = [_shown_name(a, n) for a, n in zip(answers, answer_names)]
-    record = {"token": token, "module": module, "check": name, "names": names,
+    record = {"token": token, "module": module, "check": check.__name__, "names": names,
               "public": _record(check, answers, check.cases),
               "hidden": _record(check, answers, ast.literal_eval(hidden))}
     publish_display_data({MIME: json.loads(_dumps(record))})

@@ -10,7 +10,7 @@ from ._common import _call, _exercise, _fail, _observe
 def _slowest(costs, counts):
     """The cost of the slowest stage when stage s gets the next ``counts[s]`` blocks."""
     bounds = list(itertools.accumulate(counts, initial=0))
-    return max(sum(costs[a:b]) for a, b in zip(bounds, bounds[1:]))
+    return max(sum(costs[a:b]) for a, b in itertools.pairwise(bounds))
 
 
 def _fastest_possible(costs, p):
