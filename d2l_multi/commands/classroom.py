@@ -476,4 +476,17 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-from .grading import grade, install_grader, test_cell  # noqa: E402  (they use the above)
+def grade(*args, **kwargs):
+    """Grade submissions: ``grading.grade`` (commands/grading.py)."""
+    from . import grading
+    return grading.grade(*args, **kwargs)
+
+
+def install_grader(course):
+    from . import grading
+    return grading.install_grader(course)
+
+
+def test_cell(*args, **kwargs):
+    from . import grading
+    return grading.test_cell(*args, **kwargs)

@@ -19,6 +19,7 @@ import json
 import os
 import pathlib
 import re
+import runpy
 import secrets
 import shutil
 import subprocess
@@ -97,18 +98,13 @@ def hidden_cases(course, module):
     path = pathlib.Path(course) / "grader" / f"{module}.py"
     if not path.is_file():
         return {}
-    try:
-        tree = ast.parse(path.read_text())
-        for stmt in tree.body:
-            if isinstance(stmt, ast.Assign) and [getattr(t, "id", None) for t in
-                                                 stmt.targets] == ["HIDDEN"]:
-                value = ast.literal_eval(stmt.value)
-                if isinstance(value, dict):
-                    return value
-    except (SyntaxError, ValueError) as e:
-        raise ClassroomError(f"{path}: HIDDEN must be a literal dict of lists of cases "
-                             f"({type(e).__name__}: {e})") from None
-    raise ClassroomError(f"{path} has no `HIDDEN = {{check: [case, ...]}}`")
+    try:  # the teacher's own file, run as Python: cases may be written as expressions
+        value = runpy.run_path(str(path)).get("HIDDEN")
+    except Exception as e:
+        raise ClassroomError(f"{path} does not run: {type(e).__name__}: {e}") from None
+    if not isinstance(value, dict) or not all(isinstance(v, list) for v in value.values()):
+        raise ClassroomError(f"{path} has no `HIDDEN = {{check: [case, ...]}}`")
+    return value
 
 
 def payload(course, module, check, answers, alias, token="0"):

@@ -25,6 +25,10 @@ def mesh_layout(place, case):
         if not isinstance(out, jax.Array):
             return {"type": type(out).__name__}
         where = out.sharding.devices_indices_map(shape)
+        if any(d not in where for d in mesh.devices.flat):
+            return {"values": np.asarray(out), "devices": len(out.sharding.device_set),
+                    "device": str(next(iter(out.sharding.device_set))),
+                    "shard": tuple(out.sharding.shard_shape(shape)), "starts": None}
         return {"values": np.asarray(out), "devices": len(out.sharding.device_set),
                 "device": str(next(iter(out.sharding.device_set))),
                 "shard": tuple(out.sharding.shard_shape(shape)),
@@ -54,6 +58,9 @@ def mesh_layout(place, case):
     if got != (rows, cols):
         _fail(f"each shard is {got}, expected {(rows, cols)} on a {tuple(mesh_shape)} mesh: "
               f"rows over 'x', columns over 'y'")
+    if seen["starts"] is None:
+        _fail("your array is not on the mesh's devices: give it a NamedSharding over the mesh "
+              "you were given")
     for i in range(mesh_shape[0]):
         for j in range(mesh_shape[1]):
             if tuple(seen["starts"][i][j]) != (i * rows, j * cols):
