@@ -12,6 +12,7 @@ import pathlib
 import re
 import subprocess
 import sys
+import zipfile
 
 import nbformat
 import pytest
@@ -158,6 +159,33 @@ def test_the_student_edition_has_no_solution_text(student_edition, path):
     assert source(student["cells"][start]) == "## Answers"
     for image in re.findall(r"\]\((img/[^)]+)\)", "".join(source(c) for c in book)):
         assert (student_edition / image).is_file(), image
+
+
+def test_the_students_wheel_holds_no_reference_answer_or_hidden_case(student_edition):
+    (wheel,) = (student_edition / "wheel").glob("d2l_multi-*.whl")
+    with zipfile.ZipFile(wheel) as z:
+        names = z.namelist()
+        text = "\n".join(z.read(n).decode(errors="replace") for n in names
+                         if n.endswith(".py"))
+    assert "d2l_multi/exercises/allreduce.py" in names
+    assert not [n for n in names if "answer" in n or "grader" in n or n.startswith("tests/")]
+    assert "HIDDEN" not in text and "hidden=True" not in text
+    answers = (ROOT / "tests" / "exercise_answers.py").read_text()
+    for line in ("x = x + lax.ppermute(x, axis_name, [(j, j ^ step) for j in range(k)])",
+                 "splits.append((max(sum(costs[i:j]), slowest), (j - i, *counts)))"):
+        assert line in answers and line not in text, line
+
+
+def test_an_image_link_that_leaves_its_folder_is_refused(tmp_path):
+    (tmp_path / "book" / "img").mkdir(parents=True)
+    (tmp_path / "outside.txt").write_text("secret")
+    nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_markdown_cell(
+        "![x](img/../../outside.txt)")])
+    nbformat.write(nb, tmp_path / "book" / "nb.ipynb")
+    result = command("student", tmp_path / "out", tmp_path / "book" / "nb.ipynb")
+    assert result.returncode == 2 and "img/../../outside.txt" in result.stderr, result.stderr
+    assert not (tmp_path / "out").exists()
+    assert [p.name for p in tmp_path.rglob("outside.txt")] == ["outside.txt"]
 
 
 def test_the_student_edition_runs_and_every_check_fails_with_one_line(student_edition):

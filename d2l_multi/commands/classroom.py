@@ -287,12 +287,18 @@ def assignment(nb, name, checks, course=None):
 
 
 def _images(nb, folder):
-    """The chapter's images (img/...) that the notebook's markdown shows."""
+    """The chapter's images (img/...) that the notebook's markdown shows; a link that leaves
+    img/ is refused."""
     found = set()
     for cell in nb["cells"]:
         if cell["cell_type"] == "markdown":
             src = "".join(cell["source"]) if isinstance(cell["source"], list) else cell["source"]
             found |= set(re.findall(r"(?:\(|src=[\"'])(img/[^)\"'\s]+)", src))
+    root = (folder / "img").resolve()
+    for p in sorted(found):
+        if not (folder / p).resolve().is_relative_to(root) or (folder / p).is_symlink():
+            raise ClassroomError(f"{folder / p}: the image link {p} leaves the notebook's "
+                                 f"img/ folder (or is a symbolic link): not copied")
     return sorted(p for p in found if (folder / p).is_file())
 
 
@@ -407,7 +413,52 @@ def student_edition(out, notebooks):
                 else:
                     shutil.copyfile(item, dest)
         shutil.rmtree(folder / "release")
+        student_wheel(folder / "wheel")
     return _build_into(out, "OUT", make)
+
+
+def student_wheel(folder):
+    """A wheel of this package for students, in ``folder``: the library and the public
+    checks; reference answers and hidden cases are not in the package (they live in the
+    checkout's tests/ and classroom/grader/, and in a course's grader/). Written directly
+    (a wheel is a zip with its metadata), with the checkout's pyproject.toml or the installed
+    package's metadata for its name, version and dependencies."""
+    import base64
+    import hashlib
+    import tomllib
+    import zipfile
+    from importlib import metadata
+    package = pathlib.Path(__file__).resolve().parents[1]
+    project = package.parent / "pyproject.toml"
+    if project.is_file():
+        info = tomllib.loads(project.read_text())["project"]
+        version, requires = info["version"], list(info.get("dependencies", []))
+    else:
+        version = metadata.version("d2l-multi")
+        requires = [r for r in metadata.requires("d2l-multi") or [] if "extra ==" not in r]
+    dist = f"d2l_multi-{version}.dist-info"
+    files = {}
+    for path in sorted(package.rglob("*")):
+        rel = path.relative_to(package.parent).as_posix()
+        if path.is_file() and "__pycache__" not in rel and not rel.endswith(".pyc"):
+            files[rel] = path.read_bytes()
+    files[f"{dist}/METADATA"] = "\n".join(
+        ["Metadata-Version: 2.1", "Name: d2l-multi", f"Version: {version}",
+         *[f"Requires-Dist: {r}" for r in requires], ""]).encode()
+    files[f"{dist}/WHEEL"] = (b"Wheel-Version: 1.0\nGenerator: d2l_multi classroom\n"
+                              b"Root-Is-Purelib: true\nTag: py3-none-any\n")
+    record = []
+    for name, data in files.items():
+        digest = base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b"=")
+        record.append(f"{name},sha256={digest.decode()},{len(data)}")
+    files[f"{dist}/RECORD"] = ("\n".join(record + [f"{dist}/RECORD,,"]) + "\n").encode()
+    folder = pathlib.Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    wheel = folder / f"d2l_multi-{version}-py3-none-any.whl"
+    with zipfile.ZipFile(wheel, "w", zipfile.ZIP_DEFLATED) as z:
+        for name, data in files.items():
+            z.writestr(name, data)
+    return wheel
 
 
 def teacher_course(course, notebooks):
