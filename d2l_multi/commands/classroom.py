@@ -9,12 +9,13 @@ checkout d2l_multi runs from (an installed d2l_multi has none: name them).
 The book's notebooks stay the one source. ``assignment`` turns one into nbgrader's format:
 the cells before ``## Solutions`` unchanged; for each exercise, an answer cell for the
 written part; a cell that calls a check (``check.NAME(answer)``, d2l_multi/exercises/)
-becomes an autograded test cell, with the same call and ``hidden=True`` as its hidden test;
-the code cell that defines the names the check takes becomes the answer cell whose starter
-keeps each function's signature and docstring and each value's name; every other solution
-cell becomes an empty answer cell. nbgrader then writes the student edition (``nbgrader
-generate_assignment``) and grades submissions (``nbgrader autograde``), each in its own
-sandbox.
+becomes an autograded test cell whose hidden part runs the grader's copy of the checks
+(commands/grading.py); the code cell that defines the names the check takes becomes the
+answer cell whose starter keeps each function's signature and docstring and each value's
+name; every other solution cell becomes an empty answer cell. nbgrader then writes the
+student edition (``nbgrader generate_assignment``) and grades submissions (``nbgrader
+autograde``), each kernel in a bubblewrap sandbox (commands/sandbox.py). The student edition
+comes with a wheel of this package, which holds no reference answer and no hidden case.
 """
 import argparse
 import ast
