@@ -378,6 +378,16 @@ def build_course(course, notebooks, timeout=120):
         capture_output=True, text=True, cwd=course)
     missing = [p.stem for p in notebooks
                if not (course / "release" / p.stem / f"{p.stem}.ipynb").is_file()]
+    for p in notebooks:  # a blank code cell: a comment, not `...` (shown as `Ellipsis`)
+        release = course / "release" / p.stem / f"{p.stem}.ipynb"
+        if release.is_file():
+            nb = json.loads(release.read_text())
+            for cell in nb["cells"]:
+                text = "".join(cell["source"]) if isinstance(cell["source"], list) \
+                    else cell["source"]
+                if cell["cell_type"] == "code" and text.strip() == CODE_STUB:
+                    cell["source"] = "# YOUR CODE HERE"
+            release.write_text(json.dumps(nb, indent=1, ensure_ascii=False) + "\n")
     if result.returncode or missing:
         errors = [line for line in result.stderr.splitlines() if "ERROR" in line or
                   "Error:" in line]
