@@ -356,6 +356,7 @@ def test_grading_judges_behaviour_outside_the_sandboxed_kernel(tmp_path):
 def test_bad_folders_are_refused_with_one_line(course, tmp_path):
     (tmp_path / "full").mkdir()
     (tmp_path / "full" / "x").write_text("")
+    (tmp_path / "bad.ipynb").write_text("{not json")
     twice = tmp_path / "twice" / "bob"
     twice.mkdir(parents=True)
     for name in ("practice.ipynb", "practice (1).ipynb"):
@@ -366,7 +367,8 @@ def test_bad_folders_are_refused_with_one_line(course, tmp_path):
             (("grade", course, tmp_path / "none", tmp_path / "o"), "is not a folder"),
             (("grade", course, tmp_path / "full", tmp_path / "o"), "no notebooks"),
             (("grade", course, tmp_path / "twice", tmp_path / "o"), "handed in practice twice"),
-            (("student", tmp_path / "o", tmp_path / "full" / "x"), "is not a notebook")]:
+            (("student", tmp_path / "o", tmp_path / "full" / "x"), "is not a notebook"),
+            (("teacher", tmp_path / "o", tmp_path / "bad.ipynb"), "bad.ipynb is not a readable")]:
         result = command(*args)
         assert result.returncode == 2 and message in result.stderr, result.stderr
         assert len(result.stderr.strip().splitlines()) == 1, result.stderr

@@ -364,7 +364,12 @@ def build_course(course, notebooks, timeout=120):
     (course / "nbgrader_config.py").write_text(CONFIG.format(
         code_stub=CODE_STUB, text_stub=TEXT_STUB, timeout=int(timeout)))
     for path in notebooks:
-        nb = json.loads(path.read_text())
+        try:
+            nb = json.loads(path.read_text())
+            if not isinstance(nb.get("cells"), list):
+                raise ValueError("it has no list of cells")
+        except (OSError, ValueError, AttributeError) as e:
+            raise ClassroomError(f"{path} is not a readable notebook: {e}") from None
         folder = course / "source" / path.stem
         folder.mkdir()
         (folder / f"{path.stem}.ipynb").write_text(
