@@ -244,9 +244,8 @@ def _run(command, env, cwd, limit):
 
 def _limit_hit(nb, box, limits):
     """A line naming the sandbox limit the kernel hit, or ''."""
-    report = box / sandbox.REPORT
-    status = report.read_text().strip() if report.is_file() else ""
-    if status == str(128 + 24):
+    status, _ = sandbox.kernel_report(box)
+    if status == 128 + 24:
         return f"CPU-time limit hit ({limits['cpu']} s): the kernel was stopped"
     names = {o.get("ename") for c in nb.get("cells", []) for o in c.get("outputs", [])
              if o.get("output_type") == "error"}
@@ -341,6 +340,7 @@ def _grade_one(course, student, path, name, root, opts):
                                     f"--CourseDirectory.root={work}",
                                     f"--Execute.timeout={opts['timeout']}", *args)
         status, cpu = _run(command, env, job, opts["notebook_timeout"])
+        cpu += sandbox.kernel_report(box)[1]  # the sandboxed kernel is not nbgrader's child
         graded = work / "autograded" / student / name / f"{name}.ipynb"
         cells = _grade_cells(course, name)
         if status != 0 or not graded.is_file():

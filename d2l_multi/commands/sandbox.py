@@ -19,12 +19,13 @@ sandbox shares (the kernel has no network). In the sandbox:
 import json
 import os
 import pathlib
+import re
 import shutil
 import sys
 
 UID = 61000  # the sandbox's user; each job adds its number, so process limits are per job
 LIMITS = {"memory": 6 * 2**30, "processes": 256, "cpu": 900, "file_size": 2**30}
-REPORT = ".d2l-limits"  # the job folder's file where the kernel's wrapper notes a limit it hit
+REPORT = ".d2l-kernel"  # where the kernel's wrapper writes its exit status and CPU times
 
 
 def available():
@@ -58,7 +59,8 @@ def package_folder():
 
 
 # Run as root inside the sandbox: hand the connection file to the kernel's user, then run the
-# kernel as that user with the limits, and write down how it ended (a limit's signal).
+# kernel as that user with the limits, and write down how it ended (a limit's signal) and
+# its CPU time (``times``: the shell's, then its children's, user and system).
 WRAPPER = r"""
 uid=$1 mem=$2 nproc=$3 cpu=$4 fsize=$5 report=$6 python=$7 conn=$8
 chown "$uid:$uid" "$conn" "$(dirname "$conn")"
@@ -66,6 +68,7 @@ setpriv --reuid="$uid" --regid="$uid" --clear-groups --inh-caps=-all --bounding-
   --no-new-privs prlimit --as="$mem" --nproc="$nproc" --cpu="$cpu" --fsize="$fsize" \
   --core=0 -- "$python" -m ipykernel_launcher -f "$conn"
 echo "$?" > "$report"
+times >> "$report"
 """
 
 
@@ -121,3 +124,18 @@ def install_kernel(where, job, uid, name, limits=None, data=None, env=None):
         "argv": command(job, uid, limits, data, env), "display_name": "Python 3 (sandbox)",
         "language": "python", "interrupt_mode": "message"}))
     return pathlib.Path(where)
+
+
+def kernel_report(job):
+    """(the kernel's exit status or None, its CPU seconds) from the job folder's report."""
+    try:
+        lines = (pathlib.Path(job) / REPORT).read_text().split("\n")
+    except OSError:
+        return None, 0.0
+    status = int(lines[0]) if lines[0].strip().isdigit() else None
+    seconds = 0.0
+    for part in (lines[2].split() if len(lines) > 2 else []):
+        m = re.fullmatch(r"(\d+)m([\d.]+)s", part)
+        if m:
+            seconds += 60 * int(m.group(1)) + float(m.group(2))
+    return status, seconds
