@@ -143,8 +143,9 @@ def _cell_spec(source):
 
 
 def refresh_course(course, token):
-    """Rewrite the hidden part of every test cell in ``course``'s gradebook (and source/)
-    from ``COURSE/grader``, with this grading's ``token``: cases a teacher added count."""
+    """Rewrite the hidden part of every test cell in ``course``'s gradebook, which nbgrader
+    grades with, from ``COURSE/grader`` and with this grading's ``token``: cases a teacher
+    added count (``source/`` keeps the copy ``classroom teacher`` wrote)."""
     import nbformat
     from nbgrader.api import Gradebook
     from nbgrader.utils import compute_checksum
