@@ -292,15 +292,19 @@ HOSTILE = {
     "forker": "import os, time\nfor _ in range(500):\n    if os.fork() == 0:\n"
               "        time.sleep(60)\n        os._exit(0)\n" + SOLUTION,
     "hog": "x = bytearray(8 * 2**30)\n" + SOLUTION,
+    "looper": "while True:\n    pass\n" + SOLUTION,
+    "stubborn": "import signal\nsignal.signal(signal.SIGINT, signal.SIG_IGN)\nwhile True:\n"
+                "    pass\n" + SOLUTION,
 }
 
 
 @pytest.mark.slow
 def test_grading_judges_behaviour_outside_the_sandboxed_kernel(tmp_path):
     """Hostile submissions: a replaced or monkeypatched check, a fake PASS line, reading the
-    course's and the checkout's files, a fork bomb and a memory hog score as their answers
-    deserve (limits hit are named, the others graded); the kernel sees only its own
-    processes; nbgrader's generate_feedback and export then work on the course."""
+    course's and the checkout's files, a fork bomb, a memory hog and endless loops (one that
+    ignores the interrupt) score as their answers deserve (limits hit are named, the others
+    graded); the kernel sees only its own processes; nbgrader's generate_feedback and export
+    then work on the course."""
     from d2l_multi.commands import grading, sandbox
     if sandbox.available() or os.geteuid() != 0:
         pytest.skip(f"no bubblewrap sandbox here: {sandbox.available() or 'not root'}")
@@ -320,13 +324,16 @@ def test_grading_judges_behaviour_outside_the_sandboxed_kernel(tmp_path):
         (subs / f"{student}.ipynb").write_text(json.dumps(nb))
     (tmp_path / "roster.txt").write_text("good\nabsent\n")
     before = tree_digest(course / "grader")
-    rows = grading.grade(course, subs, tmp_path / "out", timeout=30, roster=tmp_path /
+    rows = grading.grade(course, subs, tmp_path / "out", timeout=20, roster=tmp_path /
                          "roster.txt", limits={"processes": 64, "memory": 3 * 2**30})
     got = {r[0]: r for r in rows if r[3] == "balanced_stages"}
     assert {s: (r[4], r[5], r[6]) for s, r in got.items()} == {
         "good": (1, 1, 2.0), "blank": (0, 0, 0.0), "wrong": (0, 0, 0.0),
         "patcher": (0, 0, 0.0), "faker": (0, 0, 0.0), "reader": (0, 0, 0.0),
-        "forker": got["forker"][4:7], "hog": got["hog"][4:7]}
+        "forker": got["forker"][4:7], "hog": got["hog"][4:7], "looper": (0, 0, 0.0),
+        "stubborn": (0, 0, 0.0)}
+    assert got["looper"][8] == "fail" and "`split_stages` is not defined" in got["looper"][9]
+    assert got["stubborn"][8] == "not graded" and "ignored the interrupt" in got["stubborn"][9]
     assert "equal numbers of blocks are not equal work" in got["faker"][9]
     assert "process limit hit (64 processes)" in got["forker"][9]
     assert "memory limit hit (3 GiB)" in got["hog"][9]

@@ -346,10 +346,16 @@ def _grade_one(course, student, path, name, root, opts):
         cells = _grade_cells(course, name)
         if status != 0 or not graded.is_file():
             log = (job / "log.txt").read_text(errors="replace").strip().splitlines()
-            errors = [line for line in log if "ERROR" in line or "Error" in line]
+            errors = [line for line in log if ("ERROR" in line or "Error" in line)
+                      and "see the the above traceback" not in line
+                      and "see the above traceback" not in line]
             why = (f"the notebook did not finish within {opts['notebook_timeout']} s"
                    if status is None else
                    f"nbgrader could not grade it: {(errors or log or [status])[-1]}"[:300])
+            if status is not None and ("timed out" in "\n".join(log) or any(
+                    "CellTimeoutError" in line for line in log)):
+                why = (f"a cell ran past --timeout ({opts['timeout']} s) and ignored the "
+                       f"interrupt: the kernel was stopped, the notebook not graded")
             if status is not None and "No space left" in "\n".join(log):
                 why = "the grader's temporary folder is full (not the student's fault): " \
                       "free space in TMPDIR and grade again"
