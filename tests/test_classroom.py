@@ -380,3 +380,25 @@ def test_bad_folders_are_refused_with_one_line(course, tmp_path):
         assert result.returncode == 2 and message in result.stderr, result.stderr
         assert len(result.stderr.strip().splitlines()) == 1, result.stderr
     assert not (tmp_path / "o").exists() and os.listdir(tmp_path / "full") == ["x"]
+
+
+def test_lms_downloads_and_symbolic_links_map_to_students(tmp_path):
+    """Canvas's flat files and Moodle's folders name their students; a symbolic link is
+    reported, not followed; a file that is no notebook says so."""
+    from d2l_multi.commands import grading
+    nb = json.dumps({"cells": [], "metadata": {"d2l_multi": {"notebook": "practice"}}})
+    (tmp_path / "alice_12345_67890_practice.ipynb").write_text(nb)
+    (tmp_path / "bob_LATE_222_333_practice-1.ipynb").write_text(nb)
+    moodle = tmp_path / "Carol Diaz_4567_assignsubmission_file_"
+    moodle.mkdir()
+    (moodle / "practice.ipynb").write_text(nb)
+    (tmp_path / "outside.ipynb").write_text(nb)
+    (tmp_path / "dave").mkdir()
+    (tmp_path / "dave" / "practice.ipynb").symlink_to(tmp_path / "outside.ipynb")
+    (tmp_path / "erin.ipynb").write_text("{not json")
+    found = {(s, n, why.split(":")[0]) for s, _, n, why in grading.submissions(
+        tmp_path, {"practice"})}
+    assert found == {("alice", "practice", ""), ("bob", "practice", ""),
+                     ("Carol_Diaz", "practice", ""), ("outside", "practice", ""),
+                     ("dave", None, "a symbolic link"),
+                     ("erin", None, "not a readable notebook (JSONDecodeError)")}
