@@ -24,24 +24,25 @@ import pathlib
 import re
 import shutil
 import subprocess
-import sys
 import tempfile
 
-from ..errors import InputError
+from ._classroom_common import (
+    NOTEBOOK_KEY,
+    ClassroomError,
+    _fresh,
+    _nbgrader_command,
+)
 
 SOLUTIONS = "## Solutions"
 ANSWERS = "## Answers"
 CODE_STUB = "...  # YOUR CODE HERE"
 TEXT_STUB = "YOUR ANSWER HERE"
 BEGIN, END = "### BEGIN SOLUTION", "### END SOLUTION"
-BEGIN_HIDDEN, END_HIDDEN = "### BEGIN HIDDEN TESTS", "### END HIDDEN TESTS"
 LABEL = re.compile(r"^(?:\*\*(\d+)\.\*\*[ \t]*|#{3,4}[ \t]+(?:Exercise[ \t]+)?(\d+)\b.*$)")
 CHAPTERS = pathlib.Path(__file__).resolve().parents[2] / "chapters"  # in a checkout
-NOTEBOOK_KEY = "d2l_multi"  # notebook metadata: {"notebook": the book notebook's name}
 
 
-class ClassroomError(InputError):
-    """A notebook or a folder that the classroom commands cannot use, and why."""
+
 
 
 # ----- the book's notebook -> nbgrader's format ---------------------------------------------
@@ -338,20 +339,10 @@ def _notebooks(paths):
     return found
 
 
-def _fresh(folder, what):
-    folder = pathlib.Path(folder)
-    if folder.exists() and (not folder.is_dir() or any(folder.iterdir())):
-        raise ClassroomError(f"{what} {folder} exists and is not an empty folder: choose a new "
-                             f"one (nothing is overwritten)")
-    return folder
 
 
-def _nbgrader_command(*args):
-    import importlib.util
-    if importlib.util.find_spec("nbgrader") is None:
-        raise ClassroomError("the classroom commands need nbgrader: pip install -e "
-                             "\".[classroom]\" (or pip install nbgrader)")
-    return [sys.executable, "-m", "nbgrader", *args]
+
+
 
 
 def build_course(course, notebooks, timeout=120):

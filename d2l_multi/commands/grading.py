@@ -31,7 +31,7 @@ import zlib
 from concurrent.futures import ThreadPoolExecutor
 
 from . import sandbox
-from .classroom import (
+from ._classroom_common import (
     BEGIN_HIDDEN,
     END_HIDDEN,
     NOTEBOOK_KEY,
