@@ -1,6 +1,8 @@
-"""Answers to the self-checking exercises (d2l_multi/exercises.py): a reference solution of each
+"""Answers to the self-checking exercises (d2l_multi/exercises/): a reference solution of each
 check, as a notebook's ``## Solutions`` would show it, and plausible wrong answers, each with
-the words of the hint it must get. tests/test_exercises.py runs them."""
+the words of the hint it must get. tests/test_exercises.py runs them; they stay with the tests,
+out of the package students install."""
+import functools
 import math
 
 import jax
@@ -59,8 +61,13 @@ def ring_allreduce(x, axis_name):
     return total[:x.size].reshape(x.shape)
 
 
-def bytes_sent(n, k):
-    return 2 * (k - 1) / k * n
+def few_step_allreduce(x, axis_name):
+    k = lax.axis_size(axis_name)
+    step = 1
+    while step < k:  # exchange everything summed so far with the partner i XOR step
+        x = x + lax.ppermute(x, axis_name, [(j, j ^ step) for j in range(k)])
+        step *= 2
+    return x
 
 
 # ----- 03 -----
@@ -177,12 +184,17 @@ megatron_specs = (P(None, "model"), P("model", None))
 
 
 # ----- 09d, 09e -----
-def gpipe_bubble(p, m):
-    return (p - 1) / (m + p - 1)
-
-
-def one_f_one_b(p, m):
-    return (p - 1) / (m + p - 1), min(p, m)
+def split_stages(costs, p):
+    @functools.cache
+    def best(i, stages):  # (slowest stage, counts) for blocks i, ... on that many stages
+        if stages == 1:
+            return sum(costs[i:]), (len(costs) - i,)
+        splits = []
+        for j in range(i + 1, len(costs) - stages + 2):  # the first stage runs blocks i..j-1
+            slowest, counts = best(j, stages - 1)
+            splits.append((max(sum(costs[i:j]), slowest), (j - i, *counts)))
+        return min(splits)
+    return list(best(0, p)[1])
 
 
 def overlapped_step_time(backward, comm, num_buckets):
@@ -225,7 +237,7 @@ REFERENCE = {
     "allreduce.reduce_scatter": (reduce_scatter,),
     "allreduce.all_gather": (all_gather,),
     "allreduce.ring_allreduce": (ring_allreduce,),
-    "allreduce.ring_bytes": (bytes_sent,),
+    "allreduce.few_steps": (few_step_allreduce,),
     "data_parallel_from_scratch.split_batch": (split_batch,),
     "data_parallel_from_scratch.pmean_step": (data_parallel_step,),
     "data_parallel_from_scratch.grad_accumulation": (accumulated_step,),
@@ -245,8 +257,7 @@ REFERENCE = {
     "transformer_and_meshes.logical_rules": (rules,),
     "fsdp_and_tensor_parallelism.fsdp_spec": (fsdp_spec,),
     "fsdp_and_tensor_parallelism.megatron_specs": (megatron_specs,),
-    "pipeline_parallelism.gpipe_bubble": (gpipe_bubble,),
-    "pipeline_parallelism.one_f_one_b": (one_f_one_b,),
+    "pipeline_parallelism.balanced_stages": (split_stages,),
     "overlapping_communication.overlapped_step": (overlapped_step_time,),
     "checkpoints.restore_target": (restore_target,),
     "input_pipelines.exact_resume": (save_position, resume),
@@ -306,6 +317,27 @@ def _reduce_scatter_short(x, axis_name):  # one step too few
     return chunks[i]
 
 
+def _reduce_scatter_wrong_chunk(x, axis_name):  # k - 1 steps, but returns a partial sum
+    k, i = lax.axis_size(axis_name), lax.axis_index(axis_name)
+    right = [(j, (j + 1) % k) for j in range(k)]
+    chunks = x.reshape(k, -1)
+    for s in range(k - 1):
+        received = lax.ppermute(chunks[(i - s) % k], axis_name, right)
+        chunks = chunks.at[(i - s - 1) % k].add(received)
+    return chunks[i]
+
+
+def _butterfly_same_partner(x, axis_name):  # always the same partner: 2 devices' values
+    k = lax.axis_size(axis_name)
+    for _ in range(3):
+        x = x + lax.ppermute(x, axis_name, [(j, j ^ 1) for j in range(k)])
+    return x / 4
+
+
+def _butterfly_averaged(x, axis_name):
+    return few_step_allreduce(x, axis_name) / lax.axis_size(axis_name)
+
+
 def _all_gather_by_receiver(x, axis_name):  # places chunks by step, not by origin
     k = lax.axis_size(axis_name)
     right = [(j, (j + 1) % k) for j in range(k)]
@@ -361,7 +393,8 @@ WRONG = {
         (((lambda x, axis_name: lax.psum_scatter(x, axis_name, tiled=True)),),
          "lax.ppermute alone"),
         ((_reduce_scatter_one_ahead,), "chunk i+1"),
-        ((_reduce_scatter_short,), "k-1 = 7 steps"),
+        ((_reduce_scatter_short,), "takes 6 steps"),
+        ((_reduce_scatter_wrong_chunk,), "the one it added last"),
         (((lambda x, axis_name: x),), "all 8 chunks"),
     ],
     "allreduce.all_gather": [
@@ -376,10 +409,11 @@ WRONG = {
          "averaging is pmean"),
         ((_allreduce_reduce_scatter_only,), "the all-gather"),
     ],
-    "allreduce.ring_bytes": [
-        (((lambda n, k: 2 * (k - 1) * n),), "8\u00d7 too large"),
-        (((lambda n, k: (k - 1) / k * n),), "both phases"),
-        (((lambda n, k: 2 * n),), "does not depend on k"),
+    "allreduce.few_steps": [
+        (((lambda x, axis_name: lax.psum(x, axis_name)),), "lax.ppermute alone"),
+        ((ring_allreduce,), "runs 14 ppermutes"),
+        ((_butterfly_same_partner,), "only 2 of the 8"),
+        ((_butterfly_averaged,), "8\u00d7 too small"),
     ],
     "data_parallel_from_scratch.split_batch": [
         (((lambda X, y, k: (X.reshape(k, -1, *X.shape[1:]), y.reshape(k, -1))),),
@@ -499,14 +533,11 @@ WRONG = {
         (((P("model", None), P("model", None)),), "gelu(a + b)"),
         (((P(None, "model"), P()),), "W2 is replicated"),
     ],
-    "pipeline_parallelism.gpipe_bubble": [
-        (((lambda p, m: (p - 1) / m),), "relative to the useful work"),
-        (((lambda p, m: p / (m + p)),), "off by one"),
-    ],
-    "pipeline_parallelism.one_f_one_b": [
-        (((lambda p, m: ((p - 1) / (m + p - 1), m)),), "is GPipe"),
-        (((lambda p, m: ((p - 1) / (2 * m + p - 1), min(p, m))),), "does not shrink the bubble"),
-        (((lambda p, m: ((p - 1) / (m + p - 1), p)),), "no stage can hold more than m"),
+    "pipeline_parallelism.balanced_stages": [
+        (((lambda costs, p: [len(costs) // p] * p),), "equal numbers of blocks"),
+        (((lambda costs, p: [1] * (p - 1) + [len(costs) - p + 1]),), "move blocks off"),
+        (((lambda costs, p: [len(costs) // p] * (p - 1)),), "return 4 block counts"),
+        (((lambda costs, p: [0] + [len(costs) // (p - 1)] * (p - 1)),), "without blocks"),
     ],
     "overlapping_communication.overlapped_step": [
         (((lambda backward, comm, b: max(backward, comm)),), "perfect overlap is impossible"),

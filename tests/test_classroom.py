@@ -12,7 +12,7 @@ import pathlib
 import re
 import subprocess
 import sys
-import time
+import zipfile
 
 import nbformat
 import pytest
@@ -77,12 +77,14 @@ def test_the_teachers_notebook_has_the_solutions_and_hidden_tests():
     graded = [c for c in nb["cells"] if c["metadata"].get("nbgrader", {}).get("grade")
               and c["cell_type"] == "code"]
     assert [c["metadata"]["nbgrader"]["grade_id"] for c in graded] == [
-        "ex1-ring_bytes", "ex2-gpipe_bubble", "ex3-fsdp_spec", "ex4-split_batch"]
-    assert source(graded[2]) == (
-        "from d2l_multi.exercises import fsdp_and_tensor_parallelism\n"
-        "fsdp_and_tensor_parallelism.fsdp_spec(fsdp_spec)\n### BEGIN HIDDEN TESTS\n"
-        "fsdp_and_tensor_parallelism.fsdp_spec(fsdp_spec, hidden=True)\n"
-        "### END HIDDEN TESTS")
+        "ex1-broadcast", "ex2-balanced_stages", "ex3-fsdp_spec", "ex4-split_batch"]
+    lines = source(graded[2]).split("\n")
+    assert lines[:2] == ["from d2l_multi.exercises import fsdp_and_tensor_parallelism",
+                         "### BEGIN HIDDEN TESTS"]
+    assert lines[-2:] == ["### END HIDDEN TESTS",
+                          "fsdp_and_tensor_parallelism.fsdp_spec(fsdp_spec)"]
+    assert "hidden=True" not in source(graded[2])
+    assert {c["metadata"]["nbgrader"]["points"] for c in graded} == {2}
     assert nb["metadata"]["d2l_multi"] == {"notebook": "practice"}
 
 
@@ -159,6 +161,36 @@ def test_the_student_edition_has_no_solution_text(student_edition, path):
         assert (student_edition / image).is_file(), image
 
 
+def test_the_students_wheel_holds_no_reference_answer_or_hidden_case(student_edition):
+    (wheel,) = (student_edition / "wheel").glob("d2l_multi-*.whl")
+    with zipfile.ZipFile(wheel) as z:
+        names = z.namelist()
+        text = "\n".join(z.read(n).decode(errors="replace") for n in names
+                         if n.endswith(".py"))
+    assert "d2l_multi/exercises/allreduce.py" in names
+    assert not [n for n in names if "answer" in n or "grader" in n or n.startswith("tests/")]
+    assert "hidden=True" not in text
+    cases = [line.strip() for path in (ROOT / "classroom" / "grader").glob("*.py")
+             for line in path.read_text().splitlines() if line.strip().startswith('"')]
+    assert cases and not [line for line in cases if line in text]
+    answers = (ROOT / "tests" / "exercise_answers.py").read_text()
+    for line in ("x = x + lax.ppermute(x, axis_name, [(j, j ^ step) for j in range(k)])",
+                 "splits.append((max(sum(costs[i:j]), slowest), (j - i, *counts)))"):
+        assert line in answers and line not in text, line
+
+
+def test_an_image_link_that_leaves_its_folder_is_refused(tmp_path):
+    (tmp_path / "book" / "img").mkdir(parents=True)
+    (tmp_path / "outside.txt").write_text("secret")
+    nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_markdown_cell(
+        "![x](img/../../outside.txt)")])
+    nbformat.write(nb, tmp_path / "book" / "nb.ipynb")
+    result = command("student", tmp_path / "out", tmp_path / "book" / "nb.ipynb")
+    assert result.returncode == 2 and "img/../../outside.txt" in result.stderr, result.stderr
+    assert not (tmp_path / "out").exists()
+    assert [p.name for p in tmp_path.rglob("outside.txt")] == ["outside.txt"]
+
+
 def test_the_student_edition_runs_and_every_check_fails_with_one_line(student_edition):
     nb = nbformat.read(student_edition / PRACTICE.name, as_version=4)
     NotebookClient(nb, timeout=300, allow_errors=True, kernel_name="python3",
@@ -174,6 +206,7 @@ def test_the_student_edition_runs_and_every_check_fails_with_one_line(student_ed
     others = [o for c in nb.cells if c.cell_type == "code" and c not in checks
               for o in c.outputs if o.output_type == "error"]
     assert not others, others
+    assert "Ellipsis" not in json.dumps([c.outputs for c in nb.cells if c.cell_type == "code"])
 
 
 # ----- grading ------------------------------------------------------------------------------
@@ -203,100 +236,134 @@ def tree_digest(folder):
     return digest.hexdigest()
 
 
-MARK = "d2l-classroom-test-4242"
-HARM = """\
-import os, socket, subprocess
-targets = {targets!r}
-for path in targets:
-    try:
-        with open(path, 'a') as f:
-            f.write('overwritten')
-    except OSError:
-        pass
-try:
-    socket.create_connection(('192.0.2.1', 80), timeout=2)
-    print('network reached')
-except OSError:
-    pass
-subprocess.Popen(['sh', '-c', 'exec -a {mark} sleep 600'], start_new_session=True)
+SOLUTION = """\
+def split_stages(costs, p):
+    \"\"\"Blocks per stage, so that the slowest stage is fastest.\"\"\"
+    best = None
+    for cuts in itertools.combinations(range(1, len(costs)), p - 1):
+        bounds = [0, *cuts, len(costs)]
+        slowest = max(sum(costs[a:b]) for a, b in itertools.pairwise(bounds))
+        if best is None or slowest < best[0]:
+            best = (slowest, [b - a for a, b in itertools.pairwise(bounds)])
+    return best[1]
 """
+WRONG = "def split_stages(costs, p):\n    return [len(costs) // p] * (p - 1) + [\n" \
+        "        len(costs) - (p - 1) * (len(costs) // p)]\n"
 
 
-def test_grading_three_submissions_gives_the_expected_csv(course, tmp_path):
-    """All right, all blank (the student edition as handed out), and half right: one answer
-    loops forever (that exercise times out), one raises (that exercise errs), the others
-    count; where the sandbox exists, one of its cells also tries to harm the others' scores,
-    the teacher's files and the machine."""
-    submissions, out = tmp_path / "submitted", tmp_path / "graded"
-    submissions.mkdir()
-    answers = ("ex1-answer", "ex2-answer", "ex2-code", "ex3-answer", "ex4-answer")
-    (submissions / "alice.ipynb").write_text(json.dumps(
-        submission(course, {g: solved(course, g) for g in answers})))
-    (submissions / "bob").mkdir()
-    (submissions / "bob" / "practice (1).ipynb").write_text(json.dumps(submission(course, {})))
-    victims = [course / "gradebook.db", course / "source" / "practice" / "practice.ipynb",
-               submissions / "alice.ipynb", out / "grades.csv", tmp_path / "outside.txt"]
-    sandboxed = classroom.sandbox_prefix() is not None
-    (submissions / "carol.ipynb").write_text(json.dumps(submission(course, {
-        "ex1-answer": solved(course, "ex1-answer"), "ex3-answer": solved(course, "ex3-answer"),
-        "ex2-answer": "def bubble(p, m):\n    while True:\n        pass",
-        "ex2-code": HARM.format(targets=[str(v) for v in victims], mark=MARK) if sandboxed
-        else "print('no sandbox: no harm tried')",
-        "ex4-answer": "raise RuntimeError('not finished')"})))
-    before = tree_digest(course), (submissions / "alice.ipynb").read_bytes()
-    start = time.perf_counter()
-    result = command("grade", course, submissions, out, "--timeout", 60, "--jobs", 2)
-    seconds = time.perf_counter() - start
-    assert result.returncode == 0, result.stderr
-    with open(out / "grades.csv", newline="") as f:
-        rows = list(csv.reader(f))
-    blank = "returned None: write its body where it says `...`, and return the result"
-    assert rows == [
-        classroom.COLUMNS,
-        ["alice", "practice", "1", "ring_bytes", "1.0", "1.0", "pass", ""],
-        ["alice", "practice", "2", "gpipe_bubble", "1.0", "1.0", "pass", ""],
-        ["alice", "practice", "3", "fsdp_spec", "1.0", "1.0", "pass", ""],
-        ["alice", "practice", "4", "split_batch", "1.0", "1.0", "pass", ""],
-        ["bob", "practice", "1", "ring_bytes", "0.0", "1.0", "fail",
-         f"FAIL ring_bytes: `bytes_sent` {blank}"],
-        ["bob", "practice", "2", "gpipe_bubble", "0.0", "1.0", "fail",
-         f"FAIL gpipe_bubble: `bubble` {blank}"],
-        ["bob", "practice", "3", "fsdp_spec", "0.0", "1.0", "fail",
-         "FAIL fsdp_spec: your PartitionSpec is still `...`: replace it with your answer"],
-        ["bob", "practice", "4", "split_batch", "0.0", "1.0", "fail",
-         f"FAIL split_batch: `split_batch` {blank}"],
-        ["carol", "practice", "1", "ring_bytes", "1.0", "1.0", "pass", ""],
-        ["carol", "practice", "2", "gpipe_bubble", "0.0", "1.0", "timeout",
-         "no result within 60 s"],
-        ["carol", "practice", "3", "fsdp_spec", "1.0", "1.0", "pass", ""],
-        ["carol", "practice", "4", "split_batch", "0.0", "1.0", "error",
-         "NameError: name 'split_batch' is not defined"],
-    ]
-    assert sorted(p.relative_to(out).as_posix() for p in out.rglob("*.ipynb")) == [
-        "autograded/alice/practice.ipynb", "autograded/bob/practice.ipynb",
-        "autograded/carol/practice.ipynb"]
-    print(f"graded 3 submissions in {seconds:.0f} s")
-    if not sandboxed:
-        pytest.skip("no Linux namespaces here: the sandbox's protections are not tested")
-    assert (tree_digest(course), (submissions / "alice.ipynb").read_bytes()) == before
-    assert not (tmp_path / "outside.txt").exists()
-    outputs = [c.get("outputs") for c in cells(out / "autograded" / "carol" / "practice.ipynb")]
-    assert "network reached" not in json.dumps(outputs)
-    left = [p for p in pathlib.Path("/proc").glob("[0-9]*/cmdline")
-            if MARK.encode() in _read(p)]
-    assert not left, "a process the submission started outlived its grading"
+def tiny_notebook():
+    """A notebook of one exercise whose check needs no JAX: quick to grade."""
+    new = nbformat.v4
+    nb = new.new_notebook(cells=[
+        new.new_code_cell("import itertools\n\n"
+                          "from d2l_multi.exercises import pipeline_parallelism as check"),
+        new.new_markdown_cell("## Exercises\n\n1. Write `split_stages(costs, p)` and check "
+                              "it with `check.balanced_stages(split_stages)`."),
+        new.new_markdown_cell("## Solutions"),
+        new.new_markdown_cell("**1.** Try every split into consecutive blocks."),
+        new.new_code_cell(SOLUTION.rstrip()),
+        new.new_code_cell("check.balanced_stages(split_stages)")])
+    nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3",
+                                 "language": "python"}
+    return nb
 
 
-def _read(path):
-    try:
-        return path.read_bytes()
-    except OSError:
-        return b""
+HOSTILE = {
+    # right, and it lists the processes it sees
+    "good": SOLUTION + "import os\nprint('processes:', sorted(p for p in os.listdir('/proc') "
+                       "if p.isdigit()))",
+    "blank": None,  # the student edition as handed out
+    "wrong": WRONG,
+    # a wrong answer, and checks replaced, wrapped and monkeypatched
+    "patcher": WRONG + "import d2l_multi.exercises._common as c\n"
+               "from d2l_multi.exercises import pipeline_parallelism as pp\n"
+               "pp.balanced_stages = lambda *a, **k: print('PASS balanced_stages: ok')\n"
+               "check.balanced_stages = pp.balanced_stages\n"
+               "c._replay = lambda *a, **k: (True, 'PASS')\n"
+               "c._fail = lambda why: None\n",
+    # a wrong answer that prints what a right one prints
+    "faker": WRONG + "print('PASS balanced_stages: the slowest stage is as fast as any split "
+                     "into consecutive blocks allows')\n",
+    # looks for the course, the checkout's answers and the grader's files
+    "reader": "import pathlib, d2l_multi\nfound = []\nfor p in {paths!r} + [str(pathlib.Path("
+              "d2l_multi.__file__).parents[1] / 'tests' / 'exercise_answers.py')]:\n"
+              "    try:\n        found.append(pathlib.Path(p).read_text()[:20])\n"
+              "    except OSError:\n        pass\nprint('found:', len(found))\n" + WRONG,
+    "forker": "import os, time\nfor _ in range(500):\n    if os.fork() == 0:\n"
+              "        time.sleep(60)\n        os._exit(0)\n" + SOLUTION,
+    "hog": "x = bytearray(8 * 2**30)\n" + SOLUTION,
+    "looper": "while True:\n    pass\n" + SOLUTION,
+    "stubborn": "import signal\nsignal.signal(signal.SIGINT, signal.SIG_IGN)\nwhile True:\n"
+                "    pass\n" + SOLUTION,
+}
+
+
+@pytest.mark.slow
+def test_grading_judges_behaviour_outside_the_sandboxed_kernel(tmp_path):
+    """Hostile submissions: a replaced or monkeypatched check, a fake PASS line, reading the
+    course's and the checkout's files, a fork bomb, a memory hog and endless loops (one that
+    ignores the interrupt) score as their answers deserve (limits hit are named, the others
+    graded); the kernel sees only its own processes; nbgrader's generate_feedback and export
+    then work on the course."""
+    from d2l_multi.commands import grading, sandbox
+    if sandbox.available() or os.geteuid() != 0:
+        pytest.skip(f"no bubblewrap sandbox here: {sandbox.available() or 'not root'}")
+    source = tmp_path / "tiny.ipynb"
+    nbformat.write(tiny_notebook(), source)
+    course = classroom.teacher_course(tmp_path / "course", [source])
+    subs = tmp_path / "subs"
+    subs.mkdir()
+    paths = [str(course / "grader" / "pipeline_parallelism.py"),
+             str(course / "source" / "tiny" / "tiny.ipynb"), str(ROOT / "tests" /
+                                                                   "exercise_answers.py")]
+    for student, answer in HOSTILE.items():
+        nb = json.loads((course / "release" / "tiny" / "tiny.ipynb").read_text())
+        for cell in nb["cells"]:
+            if answer and cell["metadata"].get("nbgrader", {}).get("grade_id") == "ex1-answer":
+                cell["source"] = answer.format(paths=paths) if student == "reader" else answer
+        (subs / f"{student}.ipynb").write_text(json.dumps(nb))
+    (tmp_path / "roster.txt").write_text("good\nabsent\n")
+    before = tree_digest(course / "grader")
+    rows = grading.grade(course, subs, tmp_path / "out", timeout=20, roster=tmp_path /
+                         "roster.txt", limits={"processes": 64, "memory": 3 * 2**30})
+    got = {r[0]: r for r in rows if r[3] == "balanced_stages"}
+    assert {s: (r[4], r[5], r[6]) for s, r in got.items()} == {
+        "good": (1, 1, 2.0), "blank": (0, 0, 0.0), "wrong": (0, 0, 0.0),
+        "patcher": (0, 0, 0.0), "faker": (0, 0, 0.0), "reader": (0, 0, 0.0),
+        "forker": got["forker"][4:7], "hog": got["hog"][4:7], "looper": (0, 0, 0.0),
+        "stubborn": (0, 0, 0.0)}
+    assert got["looper"][8] == "fail" and "`split_stages` is not defined" in got["looper"][9]
+    assert got["stubborn"][8] == "not graded" and "ignored the interrupt" in got["stubborn"][9]
+    assert "equal numbers of blocks are not equal work" in got["faker"][9]
+    assert "process limit hit (64 processes)" in got["forker"][9]
+    assert "memory limit hit (3 GiB)" in got["hog"][9]
+    assert ("absent", "tiny", "", "", 0, 0, 0.0, 0.0, "missing", "handed nothing in",
+            "") in rows
+    totals = {r[0]: r[6] for r in rows if r[3] == "total"}
+    assert totals["good"] == 2.0 and totals["patcher"] == 0.0
+    outputs = {s: json.dumps([c.get("outputs") for c in cells(
+        course / "autograded" / s / "tiny" / "tiny.ipynb")]) for s in ("good", "reader")}
+    procs = re.search(r"processes: \[([^\]]*)\]", outputs["good"]).group(1)
+    assert len(procs.split(",")) <= 4, procs  # bwrap, its shell, the kernel
+    assert "found: 0" in outputs["reader"]
+    assert tree_digest(course / "grader") == before
+    graded = (course / "autograded" / "good" / "tiny" / "tiny.ipynb").read_text()
+    assert "b64decode" not in graded and "PASS balanced_stages" in graded
+    for args in (["generate_feedback", "tiny"], ["export"]):
+        result = subprocess.run([sys.executable, "-m", "nbgrader", *args], cwd=course,
+                                capture_output=True, text=True, timeout=300)
+        assert result.returncode == 0, result.stderr[-2000:]
+    feedback = (course / "feedback" / "good" / "tiny" / "tiny.html").read_text()
+    assert "PASS balanced_stages" in feedback and "b64decode" not in feedback
+    with open(course / "grades.csv", newline="") as f:
+        exported = list(csv.DictReader(f))
+    assert {r["student_id"]: float(r["score"]) for r in exported}["good"] == 2.0
 
 
 def test_bad_folders_are_refused_with_one_line(course, tmp_path):
     (tmp_path / "full").mkdir()
     (tmp_path / "full" / "x").write_text("")
+    (tmp_path / "bad.ipynb").write_text("{not json")
     twice = tmp_path / "twice" / "bob"
     twice.mkdir(parents=True)
     for name in ("practice.ipynb", "practice (1).ipynb"):
@@ -307,8 +374,31 @@ def test_bad_folders_are_refused_with_one_line(course, tmp_path):
             (("grade", course, tmp_path / "none", tmp_path / "o"), "is not a folder"),
             (("grade", course, tmp_path / "full", tmp_path / "o"), "no notebooks"),
             (("grade", course, tmp_path / "twice", tmp_path / "o"), "handed in practice twice"),
-            (("student", tmp_path / "o", tmp_path / "full" / "x"), "is not a notebook")]:
+            (("student", tmp_path / "o", tmp_path / "full" / "x"), "is not a notebook"),
+            (("teacher", tmp_path / "o", tmp_path / "bad.ipynb"), "bad.ipynb is not a readable")]:
         result = command(*args)
         assert result.returncode == 2 and message in result.stderr, result.stderr
         assert len(result.stderr.strip().splitlines()) == 1, result.stderr
     assert not (tmp_path / "o").exists() and os.listdir(tmp_path / "full") == ["x"]
+
+
+def test_lms_downloads_and_symbolic_links_map_to_students(tmp_path):
+    """Canvas's flat files and Moodle's folders name their students; a symbolic link is
+    reported, not followed; a file that is no notebook says so."""
+    from d2l_multi.commands import grading
+    nb = json.dumps({"cells": [], "metadata": {"d2l_multi": {"notebook": "practice"}}})
+    (tmp_path / "alice_12345_67890_practice.ipynb").write_text(nb)
+    (tmp_path / "bob_LATE_222_333_practice-1.ipynb").write_text(nb)
+    moodle = tmp_path / "Carol Diaz_4567_assignsubmission_file_"
+    moodle.mkdir()
+    (moodle / "practice.ipynb").write_text(nb)
+    (tmp_path / "outside.ipynb").write_text(nb)
+    (tmp_path / "dave").mkdir()
+    (tmp_path / "dave" / "practice.ipynb").symlink_to(tmp_path / "outside.ipynb")
+    (tmp_path / "erin.ipynb").write_text("{not json")
+    found = {(s, n, why.split(":")[0]) for s, _, n, why in grading.submissions(
+        tmp_path, {"practice"})}
+    assert found == {("alice", "practice", ""), ("bob", "practice", ""),
+                     ("Carol_Diaz", "practice", ""), ("outside", "practice", ""),
+                     ("dave", None, "a symbolic link"),
+                     ("erin", None, "not a readable notebook (JSONDecodeError)")}

@@ -1,6 +1,7 @@
 """The self-checking exercises (d2l_multi/exercises/): every reference solution passes its
 check, public and hidden cases; every plausible wrong answer fails with the hint meant for it;
 a starter fails with one line, never a traceback; and every main-line notebook has a check."""
+import inspect
 import json
 import pathlib
 import re
@@ -11,6 +12,8 @@ import exercise_answers as answers
 import pytest
 
 from d2l_multi import exercises
+from d2l_multi.commands import grading
+from d2l_multi.exercises import _common
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 MAIN_LINE = ["00_devices", "01_lenet_from_scratch", "02_allreduce",
@@ -36,11 +39,30 @@ def test_every_main_line_notebook_has_checks_and_every_check_an_answer():
     assert set(answers.REFERENCE) == names == set(answers.WRONG)
 
 
+def hidden(name):
+    """The grader's hidden cases of the check ``name`` (classroom/grader/, not packaged)."""
+    module, check_name = name.split(".")
+    return grading.hidden_cases(ROOT / "classroom", module).get(check_name, [])
+
+
 @pytest.mark.parametrize("name", sorted(answers.REFERENCE))
 def test_the_reference_solution_passes(name, capsys):
-    check(name)(*answers.REFERENCE[name], hidden=True)  # the public cases, then more
+    """The public cases live; the hidden ones as the grader runs them: recorded with the
+    student's code, then judged apart from it."""
+    check(name)(*answers.REFERENCE[name])
     out = capsys.readouterr().out
     assert out.startswith(f"PASS {name.split('.')[1]}: ") and out.count("\n") == 1
+    assert not re.search(r"[=*/] *\(|\*\*", out), out  # a PASS line prints no formula
+    recorded = _common._record(check(name), answers.REFERENCE[name], hidden(name))
+    ok, line = _common._replay(check(name), recorded, hidden(name))
+    assert ok, line
+
+
+def test_every_check_has_hidden_cases_and_no_public_way_to_them():
+    for name in answers.REFERENCE:
+        module, check_name = name.split(".")
+        assert check_name in grading.hidden_cases(ROOT / "classroom", module), name
+        assert "hidden" not in inspect.signature(check(name)).parameters
 
 
 @pytest.mark.parametrize("name,i", WRONG, ids=[f"{n}-{i}" for n, i in WRONG])
@@ -69,11 +91,11 @@ def test_a_starter_fails_with_one_line(name):
 
 
 def test_a_check_reports_an_exception_of_the_students_code_in_one_line():
-    def broken(n, k):
-        return n / 0
+    def broken(costs, p):
+        return p / 0
     with pytest.raises(exercises.CheckFailed,
                        match=r"`broken` raised ZeroDivisionError: division by zero$"):
-        check("allreduce.ring_bytes")(broken)
+        check("pipeline_parallelism.balanced_stages")(broken)
 
 
 def test_a_ring_check_names_the_students_function_as_they_named_it():

@@ -9,42 +9,40 @@ checkout d2l_multi runs from (an installed d2l_multi has none: name them).
 The book's notebooks stay the one source. ``assignment`` turns one into nbgrader's format:
 the cells before ``## Solutions`` unchanged; for each exercise, an answer cell for the
 written part; a cell that calls a check (``check.NAME(answer)``, d2l_multi/exercises/)
-becomes an autograded test cell, with the same call and ``hidden=True`` as its hidden test;
-the code cell that defines the names the check takes becomes the answer cell whose starter
-keeps each function's signature and docstring and each value's name; every other solution
-cell becomes an empty answer cell. nbgrader then writes the student edition (``nbgrader
-generate_assignment``) and grades submissions (``nbgrader autograde``), each in its own
-sandbox.
+becomes an autograded test cell whose hidden part runs the grader's copy of the checks
+(commands/grading.py); the code cell that defines the names the check takes becomes the
+answer cell whose starter keeps each function's signature and docstring and each value's
+name; every other solution cell becomes an empty answer cell. nbgrader then writes the
+student edition (``nbgrader generate_assignment``) and grades submissions (``nbgrader
+autograde``), each kernel in a bubblewrap sandbox (commands/sandbox.py). The student edition
+comes with a wheel of this package, which holds no reference answer and no hidden case.
 """
 import argparse
 import ast
-import csv
 import json
-import os
 import pathlib
 import re
 import shutil
 import subprocess
-import sys
 import tempfile
-import threading
-from concurrent.futures import ThreadPoolExecutor
 
-from ..errors import InputError
+from ._classroom_common import (
+    NOTEBOOK_KEY,
+    ClassroomError,
+    _fresh,
+    _nbgrader_command,
+)
 
 SOLUTIONS = "## Solutions"
 ANSWERS = "## Answers"
 CODE_STUB = "...  # YOUR CODE HERE"
 TEXT_STUB = "YOUR ANSWER HERE"
 BEGIN, END = "### BEGIN SOLUTION", "### END SOLUTION"
-BEGIN_HIDDEN, END_HIDDEN = "### BEGIN HIDDEN TESTS", "### END HIDDEN TESTS"
 LABEL = re.compile(r"^(?:\*\*(\d+)\.\*\*[ \t]*|#{3,4}[ \t]+(?:Exercise[ \t]+)?(\d+)\b.*$)")
 CHAPTERS = pathlib.Path(__file__).resolve().parents[2] / "chapters"  # in a checkout
-NOTEBOOK_KEY = "d2l_multi"  # notebook metadata: {"notebook": the book notebook's name}
 
 
-class ClassroomError(InputError):
-    """A notebook or a folder that the classroom commands cannot use, and why."""
+
 
 
 # ----- the book's notebook -> nbgrader's format ---------------------------------------------
@@ -90,16 +88,6 @@ def _check_calls(source, aliases):
 def _argument_names(calls):
     return [a.id for call in calls for a in list(call.args) + [k.value for k in call.keywords]
             if isinstance(a, ast.Name)]
-
-
-def _hidden(calls):
-    hidden = []
-    for call in calls:
-        call = ast.parse(ast.unparse(call), mode="eval").body
-        call.keywords = [k for k in call.keywords if k.arg != "hidden"]
-        call.keywords.append(ast.keyword("hidden", ast.Constant(True)))
-        hidden.append(ast.unparse(call))
-    return hidden
 
 
 def _defines(source, names):
@@ -225,17 +213,19 @@ def _check_aliases(cells, checks):
     return aliases
 
 
-def assignment(nb, name, checks):
+def assignment(nb, name, checks, course=None):
     """The nbgrader source notebook of the book notebook ``nb`` (a dict), named ``name``;
-    ``checks`` maps each exercise module to its check names (``exercises.CHECKS``)."""
+    ``checks`` maps each exercise module to its check names (``exercises.CHECKS``). Each
+    check call becomes a test cell worth 2 points (the public cases, the hidden ones) whose
+    hidden part records the student's answers with the grader's copy of the checks in
+    ``course/grader`` (commands/grading.py); without ``course``, a temporary one."""
+    if course is None:
+        with tempfile.TemporaryDirectory() as tmp:
+            install_grader(tmp)
+            return assignment(nb, name, checks, pathlib.Path(tmp))
     cells = nb["cells"]
     aliases = _check_aliases(cells, checks)
 
-    def imported(call):
-        alias = call.func.value.id
-        module = aliases[alias][0]
-        return f"from d2l_multi.exercises import {module}" + (
-            f" as {alias}" if alias != module else "")
     text = ["".join(c["source"]) if isinstance(c["source"], list) else c["source"]
             for c in cells]
     at = [i for i, (c, t) in enumerate(zip(cells, text))
@@ -280,10 +270,11 @@ def assignment(nb, name, checks):
                                          f"before it")
                 for call in calls[i]:
                     check = call.func.attr
-                    new.append(_nbgrader(_code("\n".join(
-                        [imported(call), ast.unparse(call), BEGIN_HIDDEN, *_hidden([call]),
-                         END_HIDDEN])),
-                        grade_id(f"ex{k}-{check}"), grade=True, locked=True, points=1))
+                    alias = call.func.value.id
+                    new.append(_nbgrader(_code(test_cell(
+                        course, aliases[alias][0], check, _argument_names([call]), alias,
+                        ast.unparse(call))),
+                        grade_id(f"ex{k}-{check}"), grade=True, locked=True, points=2))
             elif _defines(src, wanted):
                 flush_other()
                 names = _defines(src, wanted)
@@ -298,12 +289,18 @@ def assignment(nb, name, checks):
 
 
 def _images(nb, folder):
-    """The chapter's images (img/...) that the notebook's markdown shows."""
+    """The chapter's images (img/...) that the notebook's markdown shows; a link that leaves
+    img/ is refused."""
     found = set()
     for cell in nb["cells"]:
         if cell["cell_type"] == "markdown":
             src = "".join(cell["source"]) if isinstance(cell["source"], list) else cell["source"]
             found |= set(re.findall(r"(?:\(|src=[\"'])(img/[^)\"'\s]+)", src))
+    root = (folder / "img").resolve()
+    for p in sorted(found):
+        if not (folder / p).resolve().is_relative_to(root) or (folder / p).is_symlink():
+            raise ClassroomError(f"{folder / p}: the image link {p} leaves the notebook's "
+                                 f"img/ folder (or is a symbolic link): not copied")
     return sorted(p for p in found if (folder / p).is_file())
 
 
@@ -342,20 +339,10 @@ def _notebooks(paths):
     return found
 
 
-def _fresh(folder, what):
-    folder = pathlib.Path(folder)
-    if folder.exists() and (not folder.is_dir() or any(folder.iterdir())):
-        raise ClassroomError(f"{what} {folder} exists and is not an empty folder: choose a new "
-                             f"one (nothing is overwritten)")
-    return folder
 
 
-def _nbgrader_command(*args):
-    import importlib.util
-    if importlib.util.find_spec("nbgrader") is None:
-        raise ClassroomError("the classroom commands need nbgrader: pip install -e "
-                             "\".[classroom]\" (or pip install nbgrader)")
-    return [sys.executable, "-m", "nbgrader", *args]
+
+
 
 
 def build_course(course, notebooks, timeout=120):
@@ -364,14 +351,20 @@ def build_course(course, notebooks, timeout=120):
     from .. import exercises
     course = pathlib.Path(course)
     (course / "source").mkdir(parents=True)
+    install_grader(course)
     (course / "nbgrader_config.py").write_text(CONFIG.format(
         code_stub=CODE_STUB, text_stub=TEXT_STUB, timeout=int(timeout)))
     for path in notebooks:
-        nb = json.loads(path.read_text())
+        try:
+            nb = json.loads(path.read_text())
+            if not isinstance(nb.get("cells"), list):
+                raise ValueError("it has no list of cells")
+        except (OSError, ValueError, AttributeError) as e:
+            raise ClassroomError(f"{path} is not a readable notebook: {e}") from None
         folder = course / "source" / path.stem
         folder.mkdir()
         (folder / f"{path.stem}.ipynb").write_text(
-            json.dumps(assignment(nb, path.stem, exercises.CHECKS), indent=1,
+            json.dumps(assignment(nb, path.stem, exercises.CHECKS, course), indent=1,
                        ensure_ascii=False) + "\n")
         for image in _images(nb, path.parent):
             (folder / image).parent.mkdir(parents=True, exist_ok=True)
@@ -381,6 +374,16 @@ def build_course(course, notebooks, timeout=120):
         capture_output=True, text=True, cwd=course)
     missing = [p.stem for p in notebooks
                if not (course / "release" / p.stem / f"{p.stem}.ipynb").is_file()]
+    for p in notebooks:  # a blank code cell: a comment, not `...` (shown as `Ellipsis`)
+        release = course / "release" / p.stem / f"{p.stem}.ipynb"
+        if release.is_file():
+            nb = json.loads(release.read_text())
+            for cell in nb["cells"]:
+                text = "".join(cell["source"]) if isinstance(cell["source"], list) \
+                    else cell["source"]
+                if cell["cell_type"] == "code" and text.strip() == CODE_STUB:
+                    cell["source"] = "# YOUR CODE HERE"
+            release.write_text(json.dumps(nb, indent=1, ensure_ascii=False) + "\n")
     if result.returncode or missing:
         errors = [line for line in result.stderr.splitlines() if "ERROR" in line or
                   "Error:" in line]
@@ -417,265 +420,57 @@ def student_edition(out, notebooks):
                 else:
                     shutil.copyfile(item, dest)
         shutil.rmtree(folder / "release")
+        student_wheel(folder / "wheel")
     return _build_into(out, "OUT", make)
+
+
+def student_wheel(folder):
+    """A wheel of this package for students, in ``folder``: the library and the public
+    checks; reference answers and hidden cases are not in the package (they live in the
+    checkout's tests/ and classroom/grader/, and in a course's grader/). Written directly
+    (a wheel is a zip with its metadata), with the checkout's pyproject.toml or the installed
+    package's metadata for its name, version and dependencies."""
+    import base64
+    import hashlib
+    import tomllib
+    import zipfile
+    from importlib import metadata
+    package = pathlib.Path(__file__).resolve().parents[1]
+    project = package.parent / "pyproject.toml"
+    if project.is_file():
+        info = tomllib.loads(project.read_text())["project"]
+        version, requires = info["version"], list(info.get("dependencies", []))
+    else:
+        version = metadata.version("d2l-multi")
+        requires = [r for r in metadata.requires("d2l-multi") or [] if "extra ==" not in r]
+    dist = f"d2l_multi-{version}.dist-info"
+    files = {}
+    for path in sorted(package.rglob("*")):
+        rel = path.relative_to(package.parent).as_posix()
+        if path.is_file() and "__pycache__" not in rel and not rel.endswith(".pyc"):
+            files[rel] = path.read_bytes()
+    files[f"{dist}/METADATA"] = "\n".join(
+        ["Metadata-Version: 2.1", "Name: d2l-multi", f"Version: {version}",
+         *[f"Requires-Dist: {r}" for r in requires], ""]).encode()
+    files[f"{dist}/WHEEL"] = (b"Wheel-Version: 1.0\nGenerator: d2l_multi classroom\n"
+                              b"Root-Is-Purelib: true\nTag: py3-none-any\n")
+    record = []
+    for name, data in files.items():
+        digest = base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b"=")
+        record.append(f"{name},sha256={digest.decode()},{len(data)}")
+    files[f"{dist}/RECORD"] = ("\n".join(record + [f"{dist}/RECORD,,"]) + "\n").encode()
+    folder = pathlib.Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    wheel = folder / f"d2l_multi-{version}-py3-none-any.whl"
+    with zipfile.ZipFile(wheel, "w", zipfile.ZIP_DEFLATED) as z:
+        for name, data in files.items():
+            z.writestr(name, data)
+    return wheel
 
 
 def teacher_course(course, notebooks):
     return _build_into(course, "COURSE", lambda folder: build_course(folder,
                                                                      _notebooks(notebooks)))
-
-
-# ----- grading ------------------------------------------------------------------------------
-
-SANDBOX = r"""
-set -e
-job="$1"; shift
-ip link set lo up
-mount --make-rprivate /
-mount --bind "$job" "$job"
-while read -r _ mnt _; do
-  mnt=$(printf '%b' "$mnt")
-  case "$mnt" in "$job"|/proc|/proc/*|/sys|/sys/*) continue;; esac
-  mount -o remount,bind,ro "$mnt" 2>/dev/null || true
-done < /proc/self/mounts
-while [ "$1" != "--" ]; do
-  if ( : > "$1/.d2l-sandbox-probe" ) 2>/dev/null; then
-    rm -f "$1/.d2l-sandbox-probe"
-    echo "d2l-sandbox: could not make $1 read-only" >&2
-    exit 97
-  fi
-  shift
-done
-shift
-exec setpriv --inh-caps=-all --bounding-set=-all --no-new-privs -- "$@"
-"""
-_SANDBOX = {}
-
-
-def sandbox_prefix():
-    """The command that runs a submission in its own mount, network and process namespaces
-    (read-only files but for its folder, no network, no process left behind, no
-    capabilities), or None where this machine cannot make them (docs/classroom.md)."""
-    if "prefix" not in _SANDBOX:
-        prefix = None
-        if sys.platform.startswith("linux") and shutil.which("unshare") and shutil.which(
-                "setpriv") and shutil.which("ip"):
-            base = ["unshare", "--mount", "--net", "--pid", "--fork", "--kill-child"]
-            user = [] if os.geteuid() == 0 else ["--user", "--map-root-user"]
-            probe = subprocess.run(base[:1] + user + base[1:] + ["sh", "-c", "ip link set lo up"],
-                                   capture_output=True)
-            if probe.returncode == 0:
-                prefix = base[:1] + user + base[1:] + ["sh", "-c", SANDBOX, "d2l-sandbox"]
-        _SANDBOX["prefix"] = prefix
-    return _SANDBOX["prefix"]
-
-
-def _grade_cells(course, name):
-    """[(grade_id, points)] of the assignment's autograded cells, in notebook order."""
-    nb = json.loads((course / "source" / name / f"{name}.ipynb").read_text())
-    return [(c["metadata"]["nbgrader"]["grade_id"], c["metadata"]["nbgrader"]["points"])
-            for c in nb["cells"] if c["cell_type"] == "code"
-            and c.get("metadata", {}).get("nbgrader", {}).get("grade")]
-
-
-def _identify(path, assignments):
-    """The assignment a submitted notebook belongs to: its metadata, else its file name."""
-    try:
-        nb = json.loads(path.read_text())
-        name = nb.get("metadata", {}).get(NOTEBOOK_KEY, {}).get("notebook")
-    except (OSError, ValueError, AttributeError):
-        return None
-    if name in assignments:
-        return name
-    return path.stem if path.stem in assignments else None
-
-
-def _submissions(folder, assignments):
-    """[(student, path, assignment or None)]: SUBMISSIONS/STUDENT.ipynb or
-    SUBMISSIONS/STUDENT/*.ipynb."""
-    found = []
-    for path in sorted(pathlib.Path(folder).rglob("*.ipynb")):
-        rel = path.relative_to(folder)
-        if any(part.startswith(".") for part in rel.parts):
-            continue  # .ipynb_checkpoints and the like
-        student = rel.parts[0] if len(rel.parts) > 1 else path.stem
-        found.append((re.sub(r"[^A-Za-z0-9_.-]", "_", student), path,
-                      _identify(path, assignments)))
-    return found
-
-
-def _outcome(cell, timeout):
-    errors = [o for o in cell.get("outputs", []) if o.get("output_type") == "error"]
-    if not errors:
-        return "pass", ""
-    names = [e.get("ename", "") for e in errors]
-    if "CellTimeoutError" in names or "KeyboardInterrupt" in names:
-        return "timeout", f"no result within {timeout} s"
-    error = errors[-1]
-    value = (error.get("evalue") or "").strip().splitlines()
-    if error.get("ename") == "CheckFailed":
-        return "fail", value[0] if value else ""
-    return "error", f"{error.get('ename')}: {value[0] if value else ''}"[:300]
-
-
-def _run_sandboxed(command, job, env, protect, limit):
-    """Run ``command`` in the sandbox (or plainly, where none exists): its exit status, or
-    None if it ran past ``limit`` seconds and was killed with everything it started."""
-    prefix = sandbox_prefix()
-    argv = (prefix + [str(job), *map(str, protect), "--", *command]) if prefix else command
-    with open(job / "log.txt", "wb") as log:
-        proc = subprocess.Popen(argv, cwd=job, env=env, stdout=log, stderr=subprocess.STDOUT,
-                                stdin=subprocess.DEVNULL, start_new_session=True)
-        try:
-            return proc.wait(timeout=limit)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, 9)
-            proc.wait()
-            return None
-
-
-def _grade_one(course, student, path, name, root, timeout, notebook_timeout, full, protect):
-    """Grade one submitted notebook in its own folder and process: (rows, the graded
-    notebook's path or None)."""
-    from nbgrader.api import Gradebook
-    job = pathlib.Path(tempfile.mkdtemp(prefix="job-", dir=root))
-    try:
-        home = job / "home"
-        for sub in ("home", "tmp", "course/submitted"):
-            (job / sub).mkdir(parents=True)
-        shutil.copyfile(course / "nbgrader_config.py", job / "course" / "nbgrader_config.py")
-        shutil.copyfile(course / "gradebook.db", job / "course" / "gradebook.db")
-        target = job / "course" / "submitted" / student / name / f"{name}.ipynb"
-        target.parent.mkdir(parents=True)
-        shutil.copyfile(path, target)
-        env = {"PATH": os.pathsep.join([str(pathlib.Path(sys.executable).parent), os.defpath]),
-               "HOME": str(home), "TMPDIR": str(job / "tmp"), "LANG": "C.UTF-8",
-               "PYTHONNOUSERSITE": "1", "MPLBACKEND": "Agg", "KERAS_BACKEND": "jax",
-               "XDG_CACHE_HOME": str(home / ".cache"), "XDG_CONFIG_HOME": str(home / ".config"),
-               "XDG_DATA_HOME": str(home / ".local/share"),
-               "JUPYTER_CONFIG_DIR": str(home / ".jupyter"),
-               "JUPYTER_DATA_DIR": str(home / ".local/share/jupyter"),
-               "JUPYTER_RUNTIME_DIR": str(job / "tmp" / "runtime"),
-               "IPYTHONDIR": str(home / ".ipython"), "MPLCONFIGDIR": str(home / ".matplotlib")}
-        if not full:
-            env["D2L_MULTI_SMOKE"] = "1"
-        if os.environ.get("D2L_MULTI_DATA"):
-            env["D2L_MULTI_DATA"] = os.environ["D2L_MULTI_DATA"]
-        command = _nbgrader_command("autograde", name, "--student", student, "--force",
-                                    f"--CourseDirectory.root={job / 'course'}",
-                                    f"--Execute.timeout={int(timeout)}")
-        status = _run_sandboxed(command, job, env, protect, notebook_timeout)
-        graded = job / "course" / "autograded" / student / name / f"{name}.ipynb"
-        cells = _grade_cells(course, name)
-        if status != 0 or not graded.is_file():
-            log = (job / "log.txt").read_text(errors="replace").strip().splitlines()
-            why = (f"the notebook did not finish within {notebook_timeout} s" if status is None
-                   else f"nbgrader failed: {log[-1][:200] if log else status}")
-            return [(student, name, gid, 0.0, pts, "not graded", why) for gid, pts in cells
-                    ] or [(student, name, "", 0.0, 0.0, "not graded", why)], None
-        nb = json.loads(graded.read_text())
-        by_id = {c["metadata"].get("nbgrader", {}).get("grade_id"): c for c in nb["cells"]}
-        with Gradebook(f"sqlite:///{job / 'course' / 'gradebook.db'}") as gb:
-            scores = {g.name: g for g in gb.find_submission_notebook(name, name, student).grades}
-        rows = []
-        for gid, pts in cells:
-            outcome, detail = _outcome(by_id[gid], timeout) if gid in by_id else (
-                "error", "the test cell is missing")
-            grade = scores.get(gid)
-            score = float(grade.score) if grade is not None and grade.score is not None else 0.0
-            rows.append((student, name, gid, score, float(pts), outcome, detail))
-        keep = root / "graded" / student / f"{name}.ipynb"
-        keep.parent.mkdir(parents=True, exist_ok=True)
-        shutil.copyfile(graded, keep)
-        return rows, keep
-    finally:
-        shutil.rmtree(job, ignore_errors=True)
-
-
-COLUMNS = ["student", "notebook", "exercise", "check", "score", "max_score", "outcome",
-           "detail"]
-
-
-def grade(course, submissions, out, timeout=120, notebook_timeout=1800, jobs=1, full=False):
-    """Grade every submitted notebook under ``submissions`` against the nbgrader course
-    ``course``; write ``out/grades.csv`` (a row per student, notebook and autograded exercise)
-    and ``out/autograded/STUDENT/NOTEBOOK.ipynb``. Returns the rows."""
-    _nbgrader_command()  # refuses at once where nbgrader is missing
-    course = pathlib.Path(course).resolve()
-    if not (course / "gradebook.db").is_file() or not (course / "source").is_dir():
-        raise ClassroomError(f"{course} is not a course made by `python -m d2l_multi classroom "
-                             f"teacher COURSE`: it has no gradebook.db and source/")
-    if not pathlib.Path(submissions).is_dir():
-        raise ClassroomError(f"SUBMISSIONS {submissions} is not a folder of notebooks")
-    for name, value in (("--timeout", timeout), ("--notebook-timeout", notebook_timeout),
-                        ("--jobs", jobs)):
-        if not (isinstance(value, int) and value > 0):
-            raise ClassroomError(f"{name} must be a positive integer, got {value!r}")
-    assignments = {p.name for p in (course / "source").iterdir() if p.is_dir()}
-    found = _submissions(submissions, assignments)
-    if not found:
-        raise ClassroomError(f"no notebooks (.ipynb) under {submissions}")
-    seen = {}
-    for student, path, name in found:
-        if name is not None and seen.setdefault((student, name), path) != path:
-            raise ClassroomError(f"{student} handed in {name} twice ({seen[student, name]} and "
-                                 f"{path}): keep one")
-    out = _fresh(out, "OUT")
-    out.mkdir(parents=True, exist_ok=True)
-    root = pathlib.Path(tempfile.mkdtemp(prefix="d2l-grade-"))
-    (root / "graded").mkdir()
-    protect = [course, out.resolve(), pathlib.Path(submissions).resolve(), root]
-    if sandbox_prefix() is None:
-        print("classroom grade: no sandbox on this machine (needs Linux namespaces: unshare, "
-              "setpriv, ip): submissions run with your rights and network; see "
-              "docs/classroom.md", file=sys.stderr)
-    lock, done = threading.Lock(), [0]
-
-    def one(item):
-        student, path, name = item
-        if name is None:
-            rows = [(student, path.name, "", 0.0, 0.0, "not graded",
-                     "not a notebook of this course")]
-            keep = None
-        else:
-            rows, keep = _grade_one(course, student, path, name, root, timeout,
-                                    notebook_timeout, full, protect)
-        with lock:
-            done[0] += 1
-            print(f"[{done[0]}/{len(found)}] {student} {path.name}: "
-                  f"{sum(r[3] for r in rows):g}/{sum(r[4] for r in rows):g}", file=sys.stderr)
-        return rows, keep, student, name
-    try:
-        with ThreadPoolExecutor(jobs) as pool:
-            results = list(pool.map(one, found))
-        rows = []
-        for part, keep, student, name in results:
-            rows += part
-            if keep is not None:
-                dest = out / "autograded" / student / f"{name}.ipynb"
-                dest.parent.mkdir(parents=True, exist_ok=True)
-                shutil.copyfile(keep, dest)
-        rows = [(s, n, _exercise_of(g), _check_of(g), sc, mx, o, d)
-                for s, n, g, sc, mx, o, d in rows]
-        tmp = out / ".grades.csv.tmp"
-        with open(tmp, "w", newline="") as f:
-            writer = csv.writer(f)
-            writer.writerow(COLUMNS)
-            writer.writerows(rows)
-        tmp.replace(out / "grades.csv")
-        return rows
-    finally:
-        shutil.rmtree(root, ignore_errors=True)
-
-
-def _exercise_of(grade_id):
-    m = re.match(r"ex(\d+)-", grade_id or "")
-    return int(m.group(1)) if m else ""
-
-
-def _check_of(grade_id):
-    m = re.match(r"ex\d+-(\w+?)(?:-\d+)?$", grade_id or "")
-    return m.group(1) if m else grade_id
 
 
 # ----- command line -------------------------------------------------------------------------
@@ -709,6 +504,12 @@ def configure(parser: argparse.ArgumentParser) -> None:
     p.add_argument("--notebook-timeout", type=int, default=1800,
                    help="seconds a whole notebook may run before it is stopped (default 1800)")
     p.add_argument("--jobs", type=int, default=1, help="notebooks graded at once (default 1)")
+    p.add_argument("--roster", type=pathlib.Path,
+                   help="the class list (one student per line, or a CSV whose first column "
+                        "names them): a row for each notebook a student handed nothing in for")
+    p.add_argument("--no-sandbox", action="store_true",
+                   help="grade where bubblewrap is missing, the submissions' code running "
+                        "with your rights (practice only, not for marks)")
     p.add_argument("--full", action="store_true",
                    help="run the notebooks at full size (default: the library's quick mode, "
                         "D2L_MULTI_SMOKE=1, as the checks need no full training)")
@@ -725,8 +526,25 @@ def run(args: argparse.Namespace) -> int:
               f"student edition), gradebook.db")
     else:
         rows = grade(args.course, args.submissions, args.out, args.timeout,
-                     args.notebook_timeout, args.jobs, args.full)
+                     args.notebook_timeout, args.jobs, args.full, args.roster,
+                     args.no_sandbox)
         graded = len(list((args.out / "autograded").rglob("*.ipynb")))
         print(f"{graded} notebooks graded, {len(rows)} rows: {args.out / 'grades.csv'}; the "
               f"graded notebooks are in {args.out / 'autograded'}")
     return 0
+
+
+def grade(*args, **kwargs):
+    """Grade submissions: ``grading.grade`` (commands/grading.py)."""
+    from . import grading
+    return grading.grade(*args, **kwargs)
+
+
+def install_grader(course):
+    from . import grading
+    return grading.install_grader(course)
+
+
+def test_cell(*args, **kwargs):
+    from . import grading
+    return grading.test_cell(*args, **kwargs)

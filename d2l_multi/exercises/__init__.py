@@ -4,11 +4,16 @@ with one line that says what is wrong in the exercise's terms ("your update is 8
 did you psum instead of pmean?") -- never the answer, never a traceback.
 
 A failed check raises ``CheckFailed``, an ``AssertionError`` that Jupyter shows as that one line
-(``_render_traceback_``), so nbgrader scores the cell 0 (docs/classroom.md). ``hidden=True``
-adds the cases a teacher's autograder runs beyond the public ones: other sizes, other numbers
-of devices, other seeds. ``CHECKS`` lists each notebook's checks; they live in the module named
-after the notebook (``02_allreduce`` -> ``d2l_multi.exercises.allreduce``), which a notebook
-imports as ``check``: ``from d2l_multi.exercises import allreduce as check``.
+(``_render_traceback_``). A check compares the answer with behaviour it finds out itself (JAX's
+own collectives and optimizers, a ring or a schedule played step by step, the FLOPs of a traced
+program, a search over every possible answer), never with a formula written in its code.
+``CHECKS`` lists each notebook's checks; they live in the module named after the notebook
+(``02_allreduce`` -> ``d2l_multi.exercises.allreduce``), which a notebook imports as ``check``:
+``from d2l_multi.exercises import allreduce as check``.
+
+These are the *public* cases. A teacher's grading (``python -m d2l_multi classroom grade``)
+runs the same checks on hidden cases kept with the course, and judges them outside the
+student's kernel (docs/classroom.md); nothing of that is in this package.
 
 Every check takes only what the student wrote and builds its own small problem, so it runs in
 seconds on a laptop CPU with 8 simulated devices.
@@ -23,7 +28,7 @@ __all__ = ["CHECKS", "CheckFailed", "module_of", "check"]
 CHECKS = {  # module (a notebook's name without its number): the checks of its exercises
     "devices": ["mesh_layout"],
     "lenet_from_scratch": ["cross_entropy", "sgd_update"],
-    "allreduce": ["broadcast", "reduce_scatter", "all_gather", "ring_allreduce", "ring_bytes"],
+    "allreduce": ["broadcast", "reduce_scatter", "all_gather", "ring_allreduce", "few_steps"],
     "data_parallel_from_scratch": ["split_batch", "pmean_step", "grad_accumulation"],
     "jit_and_shardings": ["jit_data_parallel"],
     "shard_map": ["shard_map_grad"],
@@ -38,7 +43,7 @@ CHECKS = {  # module (a notebook's name without its number): the checks of its e
     "memory_and_remat": ["training_memory", "remat_memory"],
     "transformer_and_meshes": ["logical_rules"],
     "fsdp_and_tensor_parallelism": ["fsdp_spec", "megatron_specs"],
-    "pipeline_parallelism": ["gpipe_bubble", "one_f_one_b"],
+    "pipeline_parallelism": ["balanced_stages"],
     "overlapping_communication": ["overlapped_step"],
     "checkpoints": ["restore_target"],
     "input_pipelines": ["exact_resume"],

@@ -1,56 +1,62 @@
 """The checks of the exercises of notebook 09d_pipeline_parallelism."""
-from ._common import _call, _close, _exercise, _fail, _number
+import itertools
+
+from ._common import _call, _exercise, _fail, _observe
 
 # --------------------------------------------------------------------------------------------
 # 09d: pipeline parallelism
 
-@_exercise("09d_pipeline_parallelism")
-def gpipe_bubble(bubble, hidden=False):
-    """``bubble(p, m)``: the fraction of a GPipe schedule each of p stages is idle with m
-    micro-batches."""
-    cases = [(4, 8), (8, 32), (2, 1)] + ([(1, 5), (16, 3), (6, 100)] if hidden else [])
-    for p, m in cases:
-        got = _number(_call(bubble, "bubble", p, m), "bubble")
-        want = (p - 1) / (m + p - 1)
-        if _close(got, want, rtol=1e-9, atol=1e-12):
-            continue
-        if _close(got, (p - 1) / m):
-            _fail("that is the idle time relative to the useful work; the fraction of the "
-                  "schedule divides by the schedule's whole length")
-        if _close(got, p / (m + p)) or _close(got, p / (m + p - 1)) or _close(
-                got, (p - 1) / (m + p)):
-            _fail(f"off by one (p={p}, m={m}): count the schedule's slots again: when does "
-                  f"the last stage start, and when does the first one finish?")
-        if not 0 <= got < 1:
-            _fail(f"{got:g} is not a fraction of the time")
-        _fail(f"for p={p} stages and m={m} micro-batches you give {got:.4g}")
-    return "(p - 1) / (m + p - 1)"
+
+def _slowest(costs, counts):
+    """The cost of the slowest stage when stage s gets the next ``counts[s]`` blocks."""
+    bounds = list(itertools.accumulate(counts, initial=0))
+    return max(sum(costs[a:b]) for a, b in itertools.pairwise(bounds))
 
 
-@_exercise("09d_pipeline_parallelism")
-def one_f_one_b(one_f_one_b, hidden=False):
-    """``one_f_one_b(p, m)`` -> (idle fraction of each stage, the most micro-batches whose
-    activations the first stage holds at once) for the 1F1B schedule."""
-    cases = [(4, 8), (8, 32), (4, 2)] + ([(1, 4), (16, 64), (3, 3)] if hidden else [])
-    for p, m in cases:
-        out = _call(one_f_one_b, "one_f_one_b", p, m)
-        if not isinstance(out, (tuple, list)) or len(out) != 2:
-            _fail("return two numbers: (idle fraction, micro-batches in flight)")
-        bubble = _number(out[0], "one_f_one_b")
-        held = _number(out[1], "one_f_one_b")
-        want = (p - 1) / (m + p - 1)
-        if bubble < want * (1 - 1e-9):
-            _fail("1F1B does not shrink the bubble: it idles as much as GPipe; what it saves "
-                  "is memory")
-        if not _close(bubble, want, rtol=1e-9):
-            _fail(f"the idle fraction for p={p}, m={m} is wrong: 1F1B idles as much as GPipe")
-        if held == m and m > p:
-            _fail(f"{m} micro-batches held is GPipe: in 1F1B the first stage starts a "
-                  f"backward pass as soon as the first micro-batch returns, so it holds at "
-                  f"most p")
-        if held == p and m < p:
-            _fail(f"with m={m} micro-batches for p={p} stages, no stage can hold more than m")
-        if held != min(p, m):
-            _fail(f"the first stage holds {held:g} micro-batches at once for p={p}, m={m}: "
-                  f"count the forwards it runs before its first backward")
-    return "the same bubble as GPipe, at most min(p, m) micro-batches in flight"
+def _fastest_possible(costs, p):
+    """The slowest stage of the best split, found by trying every split into p stages."""
+    best = None
+    for cuts in itertools.combinations(range(1, len(costs)), p - 1):
+        counts = [b - a for a, b in zip((0, *cuts), (*cuts, len(costs)))]
+        slowest = _slowest(costs, counts)
+        best = slowest if best is None else min(best, slowest)
+    return best
+
+
+def _counts(out):
+    try:
+        counts = list(out)
+    except TypeError:
+        _fail(f"`split_stages` should return a list of block counts, got {type(out).__name__}")
+    if not all(isinstance(c, int) or (hasattr(c, "is_integer") and c.is_integer())
+               for c in counts):
+        _fail(f"`split_stages` returned {counts[:8]}: give each stage a whole number of blocks")
+    return [int(c) for c in counts]
+
+
+@_exercise("09d_pipeline_parallelism",
+           cases=[((3, 1, 1, 1, 1, 1, 1, 4), 4), ((2, 2, 2, 2, 2, 2), 3)],
+           passed="the slowest stage is as fast as any split into consecutive blocks allows")
+def balanced_stages(split_stages, case):
+    """``split_stages(costs, p)``: how many consecutive blocks each of the p stages runs
+    (stage 0 first), ``costs`` being each block's time, so that the slowest stage, which
+    paces every slot of the pipeline, is as fast as possible."""
+    costs, p = case
+    counts = _observe(lambda: _counts(_call(split_stages, "split_stages", list(costs), p)))
+    L = len(costs)
+    if len(counts) != p:
+        _fail(f"for {p} stages return {p} block counts, one per stage; got {len(counts)}")
+    if min(counts) < 1:
+        _fail(f"your split {counts} leaves a stage without blocks: every stage gets at least "
+              f"one")
+    if sum(counts) != L:
+        _fail(f"your split {counts} gives the stages {sum(counts)} blocks; the model has {L}")
+    slowest, best = _slowest(costs, counts), _fastest_possible(costs, p)
+    if slowest <= best:
+        return
+    if max(counts) - min(counts) <= 1:
+        _fail(f"equal numbers of blocks are not equal work: with costs {list(costs)} your "
+              f"slowest stage costs {slowest:g}, and a split whose slowest stage costs "
+              f"{best:g} exists")
+    _fail(f"with costs {list(costs)} on {p} stages your slowest stage costs {slowest:g}; a "
+          f"split whose slowest stage costs {best:g} exists: move blocks off the slowest stage")

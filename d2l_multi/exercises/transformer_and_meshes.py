@@ -1,5 +1,5 @@
 """The checks of the exercises of notebook 09b_transformer_and_meshes."""
-from ._common import _exercise, _fail, _value
+from ._common import _exercise, _fail, _observe, _value
 
 # --------------------------------------------------------------------------------------------
 # 09b: Transformer and meshes
@@ -7,15 +7,28 @@ from ._common import _exercise, _fail, _value
 _LOGICAL = ("batch", "embed", "heads", "mlp", "vocab")
 
 
-@_exercise("09b_transformer_and_meshes")
-def logical_rules(rules, hidden=False):
-    """``rules``: a dict from each logical axis of the Transformer (batch, embed, heads, mlp,
-    vocab) to a mesh axis of a ('data', 'model') mesh, or None, giving data parallelism over
-    'data' and Megatron tensor parallelism over 'model'."""
+def _plain_rules(rules):
     rules = _value(rules, "rules")
     if not isinstance(rules, dict):
         _fail(f"`rules` should be a dict from logical axis to mesh axis, got "
               f"{type(rules).__name__}")
+    out = {}
+    for axis, value in rules.items():
+        names = value if isinstance(value, (tuple, list)) else [value]
+        if not all(v is None or isinstance(v, str) for v in names):
+            _fail(f"'{axis}' maps to {value!r}: map each logical axis to a mesh axis name, a "
+                  f"tuple of names, or None")
+        out[str(axis)] = tuple(value) if isinstance(value, (tuple, list)) else value
+    return out
+
+
+@_exercise("09b_transformer_and_meshes", cases=["rules"],
+           passed="batch over 'data'; heads and mlp over 'model'; embed whole")
+def logical_rules(rules, case):
+    """``rules``: a dict from each logical axis of the Transformer (batch, embed, heads, mlp,
+    vocab) to a mesh axis of a ('data', 'model') mesh, or None, giving data parallelism over
+    'data' and Megatron tensor parallelism over 'model'."""
+    rules = _observe(lambda: _plain_rules(rules))
     missing = [a for a in _LOGICAL if a not in rules]
     if missing:
         _fail(f"name every logical axis, None meaning replicated: missing {missing}")
@@ -43,4 +56,3 @@ def logical_rules(rules, hidden=False):
     if "data" in axes(rules["vocab"]):
         _fail("'vocab' over 'data' would shard the embedding table over the data axis; use "
               "'model' or None")
-    return "batch over 'data'; heads and mlp over 'model'; embed whole"

@@ -1,0 +1,6 @@
+"""Hidden cases of notebook 07c_mixed_precision's checks
+(d2l_multi/exercises/mixed_precision.py)."""
+HIDDEN = {
+    # master_weights: (learning rate, gradient, steps)
+    "master_weights": [(0.01, 2e-3, 300)],
+}
