@@ -252,9 +252,9 @@ REFERENCE = {
     "predicting_steps.step_time": (predict_step_time,),
     "mixed_precision.master_weights": (mixed_step,),
     "ensembles.ensemble_average": (ensemble_probs,),
-    "memory_and_remat.training_memory": (bytes_per_device,),
-    "memory_and_remat.remat_memory": (activation_bytes,),
-    "transformer_and_meshes.logical_rules": (rules,),
+    "memory.training_memory": (bytes_per_device,),
+    "remat.remat_memory": (activation_bytes,),
+    "meshes_and_rules.logical_rules": (rules,),
     "fsdp_and_tensor_parallelism.fsdp_spec": (fsdp_spec,),
     "fsdp_and_tensor_parallelism.megatron_specs": (megatron_specs,),
     "pipeline_parallelism.balanced_stages": (split_stages,),
@@ -262,7 +262,7 @@ REFERENCE = {
     "checkpoints.restore_target": (restore_target,),
     "input_pipelines.exact_resume": (save_position, resume),
     "multi_process.process_rows": (process_rows,),
-    "failures_and_clusters.checkpoint_interval": (checkpoint_interval,),
+    "failures.checkpoint_interval": (checkpoint_interval,),
 }
 
 
@@ -503,7 +503,7 @@ WRONG = {
         (((lambda logits: jax.nn.softmax(logits).mean(axis=1)),), "axis 1"),
         (((lambda logits: logits.mean(axis=0)),), "averaged the logits"),
     ],
-    "memory_and_remat.training_memory": [
+    "memory.training_memory": [
         (((lambda P_, A, k, s: bytes_per_device(P_, A, k, s)
            - 8 * P_ / (1 if s == "dp" else k)),), "Adam's two moments"),
         (((lambda P_, A, k, s: 16 * P_ + A / k if s != "tp" else 16 * P_ / k + A),),
@@ -511,11 +511,11 @@ WRONG = {
         (((lambda P_, A, k, s: 16 * P_ / (1 if s == "dp" else k) + A / k),),
          "does not split the batch"),
     ],
-    "memory_and_remat.remat_memory": [
+    "remat.remat_memory": [
         (((lambda L, a, b, remat: L * a if remat else L * (a + b)),), "add one layer"),
         (((lambda L, a, b, remat: L * (a + b)),), "only each layer's input"),
     ],
-    "transformer_and_meshes.logical_rules": [
+    "meshes_and_rules.logical_rules": [
         ((dict(rules, embed="model"),), "Megatron keeps 'embed' whole"),
         ((dict(rules, batch=None),), "map 'batch' to 'data'"),
         (({k: v for k, v in rules.items() if k != "vocab"},), "missing ['vocab']"),
@@ -564,7 +564,7 @@ WRONG = {
         (((lambda b, n, p: range((p + 1) * (b // n), (p + 2) * (b // n))),), "off by one"),
         (((lambda b, n, p: range(b)),), "each loads"),
     ],
-    "failures_and_clusters.checkpoint_interval": [
+    "failures.checkpoint_interval": [
         (((lambda c, mtbf, n: math.sqrt(2 * c * mtbf)),), "fails 1000 times as often"),
         (((lambda c, mtbf, n: math.sqrt(c * mtbf / n)),), "\u221a2 too small"),
     ],

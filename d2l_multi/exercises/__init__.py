@@ -40,15 +40,16 @@ CHECKS = {  # module (a notebook's name without its number): the checks of its e
     "predicting_steps": ["step_time"],
     "mixed_precision": ["master_weights"],
     "ensembles": ["ensemble_average"],
-    "memory_and_remat": ["training_memory", "remat_memory"],
-    "transformer_and_meshes": ["logical_rules"],
+    "memory": ["training_memory"],
+    "remat": ["remat_memory"],
+    "meshes_and_rules": ["logical_rules"],
     "fsdp_and_tensor_parallelism": ["fsdp_spec", "megatron_specs"],
     "pipeline_parallelism": ["balanced_stages"],
     "overlapping_communication": ["overlapped_step"],
     "checkpoints": ["restore_target"],
     "input_pipelines": ["exact_resume"],
     "multi_process": ["process_rows"],
-    "failures_and_clusters": ["checkpoint_interval"],
+    "failures": ["checkpoint_interval"],
 }
 
 

@@ -1,4 +1,4 @@
-"""The checks of the exercises of notebook 09b_transformer_and_meshes."""
+"""The checks of the exercises of notebook 09c_meshes_and_rules."""
 from ._common import _exercise, _fail, _observe, _value
 
 # --------------------------------------------------------------------------------------------
@@ -22,7 +22,7 @@ def _plain_rules(rules):
     return out
 
 
-@_exercise("09b_transformer_and_meshes", cases=["rules"],
+@_exercise("09c_meshes_and_rules", cases=["rules"],
            passed="batch over 'data'; heads and mlp over 'model'; embed whole")
 def logical_rules(rules, case):
     """``rules``: a dict from each logical axis of the Transformer (batch, embed, heads, mlp,

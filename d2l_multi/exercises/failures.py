@@ -1,4 +1,4 @@
-"""The checks of the exercises of notebook 11b_failures_and_clusters."""
+"""The checks of the exercises of notebook 11b_failures."""
 import math
 
 from ._common import _call, _close, _exercise, _fail, _number, _observe, _times
@@ -33,7 +33,7 @@ def _best_interval(save_seconds, job_mtbf):
 _YEAR = 365 * 24 * 3600
 
 
-@_exercise("11b_failures_and_clusters",
+@_exercise("11b_failures",
            cases=[(120, 5 * _YEAR, 1000), (30, _YEAR, 64), (600, 2 * _YEAR, 1)],
            passed="the interval that loses the least time, found by searching")
 def checkpoint_interval(checkpoint_interval, case):

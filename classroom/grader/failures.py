@@ -1,5 +1,5 @@
-"""Hidden cases of notebook 11b_failures_and_clusters's checks
-(d2l_multi/exercises/failures_and_clusters.py)."""
+"""Hidden cases of notebook 11b_failures's checks
+(d2l_multi/exercises/failures.py)."""
 _YEAR = 365 * 24 * 3600
 HIDDEN = {
     # checkpoint_interval: (seconds to save, one device's mean time between failures, devices)
