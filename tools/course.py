@@ -22,6 +22,26 @@ CORE = ["00_devices", "01_lenet_from_scratch", "02_allreduce", "03_data_parallel
         "04a_jit_and_shardings", "04b_shard_map", "07b_predicting_steps",
         "09_sharded_matmuls"]
 LINK = re.compile(r"\]\((\w+)\.ipynb\)")
+SPLIT = {  # what suits class time and what homework, as the notebooks' authors planned them
+    "00_devices": "all in class",
+    "01_lenet_from_scratch": "class; the training loop at home",
+    "02_allreduce": "class up to the ring; the ring's details at home",
+    "03_data_parallel_from_scratch": "class",
+    "04a_jit_and_shardings": "class",
+    "04b_shard_map": "class",
+    "07b_predicting_steps": "class; the step calculator at home",
+    "09_sharded_matmuls": "class; the H100 and TPU problems at home",
+    "05a_flax": "class; Linen with pmap at home",
+    "05b_batchnorm": "class",
+    "05c_resnet": "the chart in class; the training at home",
+    "06_keras": "home",
+    "07a_collectives": "timing and the fit in class",
+    "07c_mixed_precision": "class",
+    "07d_low_precision_communication": "class, or home after 07c",
+    "08_ensembles": "home",
+    "09a_memory": "the chart in class; the large models at home",
+    "09b_remat": "class",
+}
 
 
 def source(cell):
@@ -127,8 +147,9 @@ def figure(out=ROOT / "book" / "figures" / "course_map.svg"):
 def table():
     """The sessions of the core track, then the electives and the appendix, as Markdown."""
     nbs = notebooks()
-    rows = ["| class | notebook | builds on | reading (min) | full run on 2 cores |",
-            "|---|---|---|---|---|"]
+    rows = ["| class | notebook | builds on | reading (min) | full run on 2 cores "
+            "| in class / at home |",
+            "|---|---|---|---|---|---|"]
     order = CORE + sorted(n for n in nbs if kind(n) == "elective") + sorted(
         n for n in nbs if kind(n) == "appendix")
     for i, name in enumerate(order, 1):
@@ -138,7 +159,7 @@ def table():
                                            f"{seconds // 60:.0f} min {seconds % 60:.0f} s")
         rows.append(f"| {label} | [{title}](chapters/{name}.ipynb) | "
                     f"{', '.join(n.split('_', 1)[0] for n in needs) or '—'} | "
-                    f"{minutes:.0f} | {run} |")
+                    f"{minutes:.0f} | {run} | {SPLIT.get(name, 'class')} |")
     return "\n".join(rows)
 
 
