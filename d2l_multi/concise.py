@@ -20,8 +20,7 @@ from jax.typing import ArrayLike
 
 from . import _checks as check
 from ._earlier import concise as d2l
-from .errors import InputError
-from .hlo import COLLECTIVES
+from .hlo import COLLECTIVES, _check_hlo_text
 
 
 def shard(tree: Any, mesh: Mesh, spec: P = P()) -> Any:
@@ -95,12 +94,6 @@ def count_collectives(hlo_text):
     for op in d2l.collective_ops(hlo_text):
         counts[op.kind] += 1
     return counts
-
-
-def _check_hlo_text(hlo_text: str) -> None:
-    if not isinstance(hlo_text, str):
-        raise InputError(f"count_collectives reads HLO text, not a {type(hlo_text).__name__}; "
-                         f"pass f.lower(*args).compile().as_text()")
 
 
 make_train_step = check.validated(make_train_step, _check_train_step)
