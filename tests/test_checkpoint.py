@@ -374,9 +374,9 @@ def test_the_default_restore_is_the_latest_finished_step(tmp_path):
     """A later step folder that holds no finished save (an empty 2/) is passed over: the
     default restore is step 1, and asking for step 2 says it is unfinished."""
     with d2l.checkpoint_manager(tmp_path) as manager:
-        d2l.save_checkpoint(manager, 1, {"w": np.ones(3), "step": np.int32(1)})
+        d2l.save_checkpoint(manager, 1, {"w": np.ones(3), "step": np.asarray(1, np.int32)})
     (tmp_path / "2").mkdir()
-    target = {"w": np.zeros(3), "step": np.int32(0)}
+    target = {"w": np.zeros(3), "step": np.asarray(0, np.int32)}
     assert d2l.saved_steps(tmp_path) == [1]
     restored = d2l.restore_checkpoint(tmp_path, target)
     assert int(restored["step"]) == 1 and np.array_equal(restored["w"], np.ones(3))
