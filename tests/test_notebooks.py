@@ -58,21 +58,10 @@ def freshness(path):
     return f"{path.name}: {reason}; refresh it: {book.REFRESH} chapters/{path.name}"
 
 
-# Notebooks whose full run is still to be stored: they hold no outputs at all (the book shows
-# their code alone) until `python -m d2l_multi book --rerun chapters/NAME.ipynb` stores one;
-# then the test below asks to take them off this list.
-AWAITING_FULL_RUN = set()
-
-
 @params
 def test_stored_outputs_are_those_of_a_full_run_of_the_current_code(nb):
     """Every notebook is committed with the outputs of a full (not smoke) run of its current
     code cells, none of them an error: a notebook edited without refreshing fails here."""
-    if nb.stem in AWAITING_FULL_RUN:
-        reason = book.stale(json.loads(nb.read_text()))
-        assert reason == "no stored outputs", (
-            f"{nb.name} holds outputs ({reason or 'fresh ones'}): take it off AWAITING_FULL_RUN")
-        return
     message = freshness(nb)
     assert message is None, message
 
