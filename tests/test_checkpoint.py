@@ -541,20 +541,16 @@ def test_restore_failures_say_what_they_are(run, bad_inputs, open_managers, monk
 def test_an_unreadable_checkpoint_is_a_permission_error(run, bad_inputs):
     copy = bad_inputs["tmp"] / "locked"
     shutil.copytree(run["dir"], copy)
-    locked = copy / "8" / "state" / "_METADATA"
-    locked.chmod(0)
-    try:
-        with pytest.raises(PermissionError, match=rf"cannot read {locked}: permission denied"):
-            d2l.restore_checkpoint(copy, bad_inputs["target"])
-    finally:
-        locked.chmod(0o644)
-    locked = copy / "8"  # its step metadata unreadable too: not passed over as unfinished
-    locked.chmod(0)
-    try:
-        with pytest.raises(PermissionError, match=rf"cannot read {locked}: permission denied"):
-            d2l.restore_checkpoint(copy, bad_inputs["target"])
-    finally:
-        locked.chmod(0o755)
+    # a file of the state, then the step folder (its step metadata unreadable too: not passed
+    # over as unfinished)
+    for locked, mode in [(copy / "8" / "state" / "_METADATA", 0o644), (copy / "8", 0o755)]:
+        locked.chmod(0)
+        try:
+            with pytest.raises(PermissionError,
+                               match=rf"cannot read {locked}: permission denied"):
+                d2l.restore_checkpoint(copy, bad_inputs["target"])
+        finally:
+            locked.chmod(mode)
 
 
 def test_every_restore_closes_its_manager(run, bad_inputs, open_managers):

@@ -21,7 +21,7 @@ from flax import jax_utils
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 from recording import RecordingData
-from trees import SGD_TOL, assert_trees_close
+from trees import SGD_TOL, assert_trees_close, image_batches
 
 import d2l_multi as d2l
 from d2l_multi.ensemble import _check_ensemble_size
@@ -45,9 +45,7 @@ def keys():
 
 @pytest.fixture(scope="module")
 def batches():
-    rng = np.random.default_rng(1)
-    return [(rng.random((BATCH, 28, 28, 1), dtype=np.float32),
-             rng.integers(0, 10, BATCH).astype(np.int32)) for _ in range(K)]
+    return image_batches(BATCH, K)
 
 
 @pytest.fixture(scope="module")

@@ -16,7 +16,7 @@ from flax import jax_utils
 from flax.training import train_state
 from jax import lax
 from jax.sharding import PartitionSpec as P
-from trees import assert_trees_close, cnn_from_linen
+from trees import assert_trees_close, cnn_from_linen, image_batches
 
 import d2l_multi as d2l
 
@@ -34,9 +34,7 @@ def numpy_like(shapes, seed=0, scale=0.1):
 
 @pytest.fixture(scope="module")
 def batches():
-    rng = np.random.default_rng(1)
-    return [(rng.random((BATCH, 28, 28, 1), dtype=np.float32),
-             rng.integers(0, 10, BATCH).astype(np.int32)) for _ in range(K)]
+    return image_batches(BATCH, K)
 
 
 @pytest.fixture(scope="module")

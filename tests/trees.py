@@ -15,6 +15,13 @@ def cnn_from_linen(params):
     return model
 
 
+def image_batches(batch, count, seed=1):
+    """``count`` batches of ``batch`` random 28 x 28 images (NHWC) and labels 0..9."""
+    rng = np.random.default_rng(seed)
+    return [(rng.random((batch, 28, 28, 1), dtype=np.float32),
+             rng.integers(0, 10, batch).astype(np.int32)) for _ in range(count)]
+
+
 SGD_TOL = dict(rtol=1e-5, atol=1e-6)  # float32 SGD steps whose sums run in another order
 
 
