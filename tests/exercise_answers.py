@@ -601,3 +601,79 @@ def starter_raises(*args, **kwargs):
 
 STARTER_VALUE = ...
 LOOPS_FOREVER = _loop_forever
+
+
+# ----- 09f_overlapping_communication: a bucketed allreduce during the backward pass -----
+def bucketed_grads(layer, params, X, Y, num_buckets):
+    vjps = []
+    for W in params:  # the forward pass, keeping each layer's vjp
+        X, vjp = jax.vjp(layer, W, X)
+        vjps.append(vjp)
+    dy = jax.grad(lambda out: jnp.mean((out - Y) ** 2))(X)
+    L = len(params)
+    starts = [L * i // num_buckets for i in range(num_buckets)]
+    grads, bucket = [None] * L, []
+    for i in reversed(range(L)):  # the backward pass, last layer first
+        dW, dy = vjps[i](dy)
+        bucket.insert(0, dW)
+        if i in starts:  # the bucket of layers i, i + 1, ... is complete
+            grads[i:i + len(bucket)] = lax.pmean(bucket, "data")
+            bucket = []
+    return grads
+
+
+def _grad_then_pmean(layer, params, X, Y, num_buckets):
+    def loss(params):
+        out = X
+        for W in params:
+            out = layer(W, out)
+        return jnp.mean((out - Y) ** 2)
+    return lax.pmean(jax.grad(loss)(params), "data")
+
+
+def _pmean_per_layer(layer, params, X, Y, num_buckets):
+    return bucketed_grads(layer, params, X, Y, len(params))
+
+
+def _buckets_in_forward_order(layer, params, X, Y, num_buckets):
+    vjps = []
+    for W in params:
+        X, vjp = jax.vjp(layer, W, X)
+        vjps.append(vjp)
+    dy = jax.grad(lambda out: jnp.mean((out - Y) ** 2))(X)
+    grads = [None] * len(params)
+    for i in reversed(range(len(params))):
+        grads[i], dy = vjps[i](dy)
+    size = len(params) // num_buckets
+    return [g for start in range(0, len(params), size)
+            for g in lax.pmean(grads[start:start + size], "data")]
+
+
+def _bucketed_psum(layer, params, X, Y, num_buckets):
+    k = lax.axis_size("data")
+    return [g * k for g in bucketed_grads(layer, params, X, Y, num_buckets)]
+
+
+def _buckets_after_grad(layer, params, X, Y, num_buckets):
+    grads = jax.grad(lambda p: _one_loss(layer, p, X, Y))(params)
+    size = len(params) // num_buckets
+    out = [None] * len(params)
+    for start in reversed(range(0, len(params), size)):
+        out[start:start + size] = lax.pmean(grads[start:start + size], "data")
+    return out
+
+
+def _one_loss(layer, params, X, Y):
+    for W in params:
+        X = layer(W, X)
+    return jnp.mean((X - Y) ** 2)
+
+
+REFERENCE["overlapping_communication.bucketed_allreduce"] = (bucketed_grads,)
+WRONG["overlapping_communication.bucketed_allreduce"] = [
+    ((_grad_then_pmean,), "one allreduce of all the gradients, at the end"),
+    ((_pmean_per_layer,), "one allreduce per layer"),
+    ((_buckets_in_forward_order,), "buckets in forward order"),
+    ((_bucketed_psum,), "8\u00d7 too large"),
+    ((_buckets_after_grad,), "comes after the first layer's backward pass"),
+]

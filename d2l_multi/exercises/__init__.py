@@ -45,7 +45,7 @@ CHECKS = {  # module (a notebook's name without its number): the checks of its e
     "meshes_and_rules": ["logical_rules"],
     "fsdp_and_tensor_parallelism": ["fsdp_spec", "megatron_specs"],
     "pipeline_parallelism": ["balanced_stages"],
-    "overlapping_communication": ["overlapped_step"],
+    "overlapping_communication": ["overlapped_step", "bucketed_allreduce"],
     "checkpoints": ["restore_target"],
     "input_pipelines": ["exact_resume"],
     "multi_process": ["process_rows"],
