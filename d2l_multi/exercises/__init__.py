@@ -44,7 +44,7 @@ CHECKS = {  # module (a notebook's name without its number): the checks of its e
     "remat": ["remat_memory"],
     "meshes_and_rules": ["logical_rules"],
     "fsdp_and_tensor_parallelism": ["fsdp_spec", "megatron_specs"],
-    "pipeline_parallelism": ["balanced_stages"],
+    "pipeline_parallelism": ["balanced_stages", "interleaved"],
     "overlapping_communication": ["overlapped_step", "bucketed_allreduce"],
     "checkpoints": ["restore_target"],
     "input_pipelines": ["exact_resume"],
