@@ -1,4 +1,4 @@
-"""Hidden cases of notebook 09e_overlapping_communication's checks
+"""Hidden cases of notebook 09f_overlapping_communication's checks
 (d2l_multi/exercises/overlapping_communication.py)."""
 HIDDEN = {
     # overlapped_step: (backward seconds, communication seconds, buckets)

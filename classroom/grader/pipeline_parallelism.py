@@ -1,4 +1,4 @@
-"""Hidden cases of notebook 09d_pipeline_parallelism's checks
+"""Hidden cases of notebook 09e_pipeline_parallelism's checks
 (d2l_multi/exercises/pipeline_parallelism.py)."""
 HIDDEN = {
     # balanced_stages: (each block's cost, stages)

@@ -1,10 +1,10 @@
-"""The checks of the exercises of notebook 09e_overlapping_communication."""
+"""The checks of the exercises of notebook 09f_overlapping_communication."""
 import numpy as np
 
 from ._common import _call, _close, _exercise, _fail, _mesh, _near, _number, _observe, _run, _scale
 
 # --------------------------------------------------------------------------------------------
-# 09e: overlapping communication
+# 09f: overlapping communication
 
 
 def _play_buckets(backward, comm, num_buckets):
@@ -19,7 +19,7 @@ def _play_buckets(backward, comm, num_buckets):
     return link_free
 
 
-@_exercise("09e_overlapping_communication", cases=[(1.0, 0.4, 4), (1.0, 2.0, 4), (0.3, 0.3, 1)],
+@_exercise("09f_overlapping_communication", cases=[(1.0, 0.4, 4), (1.0, 2.0, 4), (0.3, 0.3, 1)],
            passed="the time of the step played bucket by bucket")
 def overlapped_step(step_time, case):
     """``step_time(backward, comm, num_buckets)``: seconds until the last gradient is

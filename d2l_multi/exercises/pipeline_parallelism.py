@@ -1,10 +1,10 @@
-"""The checks of the exercises of notebook 09d_pipeline_parallelism."""
+"""The checks of the exercises of notebook 09e_pipeline_parallelism."""
 import itertools
 
 from ._common import _call, _exercise, _fail, _observe
 
 # --------------------------------------------------------------------------------------------
-# 09d: pipeline parallelism
+# 09e: pipeline parallelism
 
 
 def _slowest(costs, counts):
@@ -34,7 +34,7 @@ def _counts(out):
     return [int(c) for c in counts]
 
 
-@_exercise("09d_pipeline_parallelism",
+@_exercise("09e_pipeline_parallelism",
            cases=[((3, 1, 1, 1, 1, 1, 1, 4), 4), ((2, 2, 2, 2, 2, 2), 3)],
            passed="the slowest stage is as fast as any split into consecutive blocks allows")
 def balanced_stages(split_stages, case):
@@ -145,7 +145,9 @@ def interleaved(interleaved_1f1b, case):
     """``interleaved_1f1b(p, m, v)``: each device's passes in order, ``('F' or 'B',
     micro-batch, chunk)``, the model cut into v p chunks, device s holding chunks s, s + p,
     ...; played with forwards of 1 and backwards of 2 time units per chunk, its bubble is
-    (p - 1)/(v m + p - 1) and no device holds more than (v + 1) p chunk activations."""
+    (p - 1)/(v m + p - 1) of the time, as 1F1B's with v m micro-batches (Megatron-LM's
+    (p - 1)/(v m) counts the same idle time against the busy time), and no device holds
+    more than (v + 1) p chunk activations: 1F1B's p micro-batches of v chunks, plus p."""
     p, m, v = case
     orders = _observe(lambda: _passes(_call(interleaved_1f1b, "interleaved_1f1b", p, m, v),
                                       p, m, v))
