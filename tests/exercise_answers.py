@@ -601,3 +601,155 @@ def starter_raises(*args, **kwargs):
 
 STARTER_VALUE = ...
 LOOPS_FOREVER = _loop_forever
+
+
+# ----- 09f_overlapping_communication: a bucketed allreduce during the backward pass -----
+def bucketed_grads(layer, params, X, Y, num_buckets):
+    vjps = []
+    for W in params:  # the forward pass, keeping each layer's vjp
+        X, vjp = jax.vjp(layer, W, X)
+        vjps.append(vjp)
+    dy = jax.grad(lambda out: jnp.mean((out - Y) ** 2))(X)
+    L = len(params)
+    starts = [L * i // num_buckets for i in range(num_buckets)]
+    grads, bucket = [None] * L, []
+    for i in reversed(range(L)):  # the backward pass, last layer first
+        dW, dy = vjps[i](dy)
+        bucket.insert(0, dW)
+        if i in starts:  # the bucket of layers i, i + 1, ... is complete
+            grads[i:i + len(bucket)] = lax.pmean(bucket, "data")
+            bucket = []
+    return grads
+
+
+def _grad_then_pmean(layer, params, X, Y, num_buckets):
+    def loss(params):
+        out = X
+        for W in params:
+            out = layer(W, out)
+        return jnp.mean((out - Y) ** 2)
+    return lax.pmean(jax.grad(loss)(params), "data")
+
+
+def _pmean_per_layer(layer, params, X, Y, num_buckets):
+    return bucketed_grads(layer, params, X, Y, len(params))
+
+
+def _buckets_in_forward_order(layer, params, X, Y, num_buckets):
+    vjps = []
+    for W in params:
+        X, vjp = jax.vjp(layer, W, X)
+        vjps.append(vjp)
+    dy = jax.grad(lambda out: jnp.mean((out - Y) ** 2))(X)
+    grads = [None] * len(params)
+    for i in reversed(range(len(params))):
+        grads[i], dy = vjps[i](dy)
+    size = len(params) // num_buckets
+    return [g for start in range(0, len(params), size)
+            for g in lax.pmean(grads[start:start + size], "data")]
+
+
+def _bucketed_psum(layer, params, X, Y, num_buckets):
+    k = lax.axis_size("data")
+    return [g * k for g in bucketed_grads(layer, params, X, Y, num_buckets)]
+
+
+def _buckets_after_grad(layer, params, X, Y, num_buckets):
+    grads = jax.grad(lambda p: _one_loss(layer, p, X, Y))(params)
+    size = len(params) // num_buckets
+    out = [None] * len(params)
+    for start in reversed(range(0, len(params), size)):
+        out[start:start + size] = lax.pmean(grads[start:start + size], "data")
+    return out
+
+
+def _one_loss(layer, params, X, Y):
+    for W in params:
+        X = layer(W, X)
+    return jnp.mean((X - Y) ** 2)
+
+
+REFERENCE["overlapping_communication.bucketed_allreduce"] = (bucketed_grads,)
+WRONG["overlapping_communication.bucketed_allreduce"] = [
+    ((_grad_then_pmean,), "one allreduce of all the gradients, at the end"),
+    ((_pmean_per_layer,), "one allreduce per layer"),
+    ((_buckets_in_forward_order,), "buckets in forward order"),
+    ((_bucketed_psum,), "8\u00d7 too large"),
+    ((_buckets_after_grad,), "comes after the first layer's backward pass"),
+]
+
+
+# ----- 09e_pipeline_parallelism: interleaved 1F1B -----
+def interleaved_1f1b(p, m, v):
+    orders = []
+    for s in range(p):
+        def nth(kind, k):  # the k-th forward or backward of device s
+            c = (k // p) % v if kind == "F" else v - 1 - (k // p) % v
+            return (kind, k // (p * v) * p + k % p, c * p + s)
+        warmup = min(v * m, 2 * (p - s - 1) + (v - 1) * p)
+        order = [nth("F", k) for k in range(warmup)]
+        for k in range(v * m - warmup):  # one forward, one backward
+            order += [nth("F", warmup + k), nth("B", k)]
+        orders.append(order + [nth("B", k) for k in range(v * m - warmup, v * m)])
+    return orders
+
+
+def _interleaved_gpipe(p, m, v):
+    return [[("F", j, c * p + s) for c in range(v) for j in range(m)]
+            + [("B", j, c * p + s) for c in reversed(range(v)) for j in range(m)]
+            for s in range(p)]
+
+
+def _chunks_in_blocks(p, m, v):  # device s holds chunks s v, ..., s v + v - 1
+    return [[(kind, j, s * v + c // p) for kind, j, c in ops]
+            for s, ops in enumerate(interleaved_1f1b(p, m, v))]
+
+
+def _plain_1f1b(p, m, v):  # v ignored: device s runs chunk s alone
+    return [[(kind, j, s) for kind, j in sorted(
+        [(kind, j) for kind in "FB" for j in range(m)],
+        key=lambda op: op[1] + (p - s - 0.5) * (op[0] == "B"))] for s in range(p)]
+
+
+def _backward_first(p, m, v):
+    orders = interleaved_1f1b(p, m, v)
+    last = orders[-1]
+    i = last.index(("B", 0, v * p - 1))
+    last.insert(0, last.pop(i))
+    return orders
+
+
+def _deep_1f1b(p, m, v):  # 1F1B over v p stages, each device given its chunks' passes
+    table, done = [], {}
+    todo = [sorted([(kind, j) for kind in "FB" for j in range(m)],
+                   key=lambda op, c=c: op[1] + (v * p - c - 0.5) * (op[0] == "B"))
+            for c in range(v * p)]
+    while any(todo):
+        t = len(table)
+        row = []
+        for c, passes in enumerate(todo):
+            kind, j = passes[0] if passes else (None, None)
+            need = (c - 1, "F", j) if kind == "F" else (c + 1, "B", j)
+            if kind == "B" and c == v * p - 1:
+                need = (c, "F", j)
+            ready = need[0] < 0 or done.get(need, t + 1) <= t
+            row.append(passes.pop(0) if passes and ready else None)
+            if row[-1]:
+                done[(c, kind, j)] = t + 1
+        table.append(row)
+    orders = [[] for _ in range(p)]
+    for row in table:
+        for c, op in enumerate(row):
+            if op:
+                orders[c % p].append((op[0], op[1], c))
+    return orders
+
+
+REFERENCE["pipeline_parallelism.interleaved"] = (interleaved_1f1b,)
+WRONG["pipeline_parallelism.interleaved"] = [
+    ((_interleaved_gpipe,), "all forwards first (GPipe order)"),
+    ((_chunks_in_blocks,), "device 0 runs chunk 1"),
+    ((_plain_1f1b,), "runs only chunk 0"),
+    ((_backward_first,), "before its forward"),
+    ((_deep_1f1b,), "interleaving v=2 chunks allows"),
+]

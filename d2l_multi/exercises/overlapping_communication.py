@@ -1,8 +1,10 @@
-"""The checks of the exercises of notebook 09e_overlapping_communication."""
-from ._common import _call, _close, _exercise, _fail, _number, _observe
+"""The checks of the exercises of notebook 09f_overlapping_communication."""
+import numpy as np
+
+from ._common import _call, _close, _exercise, _fail, _mesh, _near, _number, _observe, _run, _scale
 
 # --------------------------------------------------------------------------------------------
-# 09e: overlapping communication
+# 09f: overlapping communication
 
 
 def _play_buckets(backward, comm, num_buckets):
@@ -17,7 +19,7 @@ def _play_buckets(backward, comm, num_buckets):
     return link_free
 
 
-@_exercise("09e_overlapping_communication", cases=[(1.0, 0.4, 4), (1.0, 2.0, 4), (0.3, 0.3, 1)],
+@_exercise("09f_overlapping_communication", cases=[(1.0, 0.4, 4), (1.0, 2.0, 4), (0.3, 0.3, 1)],
            passed="the time of the step played bucket by bucket")
 def overlapped_step(step_time, case):
     """``step_time(backward, comm, num_buckets)``: seconds until the last gradient is
@@ -39,3 +41,238 @@ def overlapped_step(step_time, case):
         _fail(f"for backward={t_b:g} s, comm={t_c:g} s the link is the bottleneck: the "
               f"all-reduces queue up behind each other; when can the first one start?")
     _fail(f"for backward={t_b:g} s, comm={t_c:g} s, {b} buckets you give {got:.4g} s")
+
+
+# --------------------------------------------------------------------------------------------
+# 09f: a bucketed allreduce that starts during the backward pass
+
+_ALLREDUCES = {"psum", "psum2", "psum_invariant"}
+_OTHER_COLLECTIVES = {"all_gather", "reduce_scatter", "all_to_all", "ppermute", "pmax", "pmin",
+                      "psum_scatter", "all_gather_invariant", "pbroadcast"}
+_LOOPS = {"scan", "while", "cond"}
+
+
+def _tanh_layer(W, x):
+    import jax.numpy as jnp
+    return jnp.tanh(x @ W)
+
+
+def _residual_layer(W, x):
+    import jax.numpy as jnp
+    return x + jnp.tanh(x @ W)
+
+
+_LAYERS = {"tanh": _tanh_layer, "residual": _residual_layer}
+
+
+def _sub_jaxprs(eqn):
+    found = []
+    for param in eqn.params.values():
+        for sub in param if isinstance(param, (list, tuple)) else [param]:
+            inner = getattr(sub, "jaxpr", sub)
+            if hasattr(inner, "eqns"):
+                found.append(inner)
+    return found
+
+
+def _names(jaxpr, found):
+    for eqn in jaxpr.eqns:
+        found.add(eqn.primitive.name)
+        for sub in _sub_jaxprs(eqn):
+            _names(sub, found)
+    return found
+
+
+def _operations(jaxpr, inputs):
+    """The program as the operations it issues, in order: (primitive, input values, output
+    values, primitives inside), a value being any hashable token. Calls into other jaxprs
+    (jit, custom_jvp, remat) are inlined; loops and conditionals stay one operation."""
+    ops = []
+
+    def walk(jaxpr, env):
+        def read(atom):
+            return env.get(atom) if type(atom).__name__ != "Literal" else None
+
+        for eqn in jaxpr.eqns:
+            ins = [read(a) for a in eqn.invars]
+            subs = _sub_jaxprs(eqn)
+            if (len(subs) == 1 and eqn.primitive.name not in _LOOPS
+                    and len(subs[0].invars) == len(ins)
+                    and len(subs[0].outvars) == len(eqn.outvars)):
+                inner = dict(zip(subs[0].invars, ins))
+                walk(subs[0], inner)
+                for out, res in zip(eqn.outvars, subs[0].outvars):
+                    env[out] = inner.get(res) if type(res).__name__ != "Literal" else None
+                continue
+            outs = [object() for _ in eqn.outvars]
+            env.update(zip(eqn.outvars, outs))
+            inside = set()
+            for sub in subs:
+                _names(sub, inside)
+            ops.append((eqn.primitive.name, [v for v in ins if v is not None], outs, inside))
+
+    walk(jaxpr, dict(zip(jaxpr.invars, inputs)))
+    return ops
+
+
+def _structure(ops, x, y):
+    """What the check judges of the program's operations: how many allreduces it issues
+    (arrays reduced by one call count once),
+    other collectives, whether loops hide allreduces, and for the first allreduce issued
+    whether the first layer's backward products come before it (in the program's order)
+    or among its ancestors. The first layer's backward products are the dot_generals of
+    the local input x (untouched by any product) with a value computed from the targets
+    y: the gradient of the first layer's weights."""
+    producer, y_dependent, x_only = {}, {y}, {x}
+    for i, (name, ins, outs, _) in enumerate(ops):
+        for v in outs:
+            producer[v] = i
+        if any(v in y_dependent for v in ins):
+            y_dependent.update(outs)
+        if ins and name != "dot_general" and name not in _ALLREDUCES and all(
+                v in x_only for v in ins):
+            x_only.update(outs)
+    first_backward = [i for i, (name, ins, _, _) in enumerate(ops) if name == "dot_general"
+                      and any(v in x_only for v in ins) and any(v in y_dependent for v in ins)]
+    reduces = []  # one allreduce of a list binds one psum per array, one after another
+    for i, (name, _, _, _) in enumerate(ops):
+        if name in _ALLREDUCES:
+            if reduces and reduces[-1][-1] == i - 1:
+                reduces[-1].append(i)
+            else:
+                reduces.append([i])
+    hidden = sum(bool(inside & _ALLREDUCES) for name, _, _, inside in ops if name in _LOOPS)
+    others = sorted({name for name, _, _, inside in ops
+                     for name in {name} | inside if name in _OTHER_COLLECTIVES})
+    seen = {"allreduces": len(reduces), "in_loops": hidden, "others": others,
+            "found_first_layer": bool(first_backward), "waits": False, "after": False}
+    if reduces and first_backward:
+        ancestors, todo = set(), list(reduces[0])
+        while todo:
+            for v in ops[todo.pop()][1]:
+                j = producer.get(v)
+                if j is not None and j not in ancestors:
+                    ancestors.add(j)
+                    todo.append(j)
+        seen["waits"] = any(i in ancestors for i in first_backward)
+        seen["after"] = min(first_backward) < reduces[0][0]
+    return seen
+
+
+def _shard_map_body(jaxpr):
+    """The per-device program inside the (first) shard_map of ``jaxpr``."""
+    for eqn in jaxpr.eqns:
+        for sub in _sub_jaxprs(eqn):
+            if eqn.primitive.name == "shard_map":
+                return sub
+            found = _shard_map_body(sub)
+            if found is not None:
+                return found
+    return None
+
+
+def _bucket_probe(fn, layer, params, X, Y, num_buckets, k):
+    """Run ``fn(layer, params, X, Y, num_buckets)`` per device in shard_map over 'data'
+    (params replicated, X and Y split): each device's gradients, and the structure of the
+    per-device program the student wrote (its jaxpr)."""
+    import jax
+    from jax.sharding import PartitionSpec as P
+    mesh = _mesh((k,), ("data",))
+
+    def local(params, X, Y):
+        grads = _call(fn, "bucketed_grads", _LAYERS[layer], list(params), X, Y, num_buckets)
+        if not isinstance(grads, (list, tuple)) or len(grads) != len(params):
+            _fail(f"`bucketed_grads` should return a list of {len(params)} gradients, one "
+                  f"per layer, got {type(grads).__name__}"
+                  + (f" of {len(grads)}" if isinstance(grads, (list, tuple)) else ""))
+        return [jax.numpy.asarray(g)[None] for g in grads]
+    program = jax.jit(jax.shard_map(local, mesh=mesh, in_specs=(P(), P("data"), P("data")),
+                                    out_specs=P("data"), check_vma=False))
+    traced = _run(program.trace, params, X, Y, name="bucketed_grads")
+    inner = _shard_map_body(traced.jaxpr.jaxpr)
+    tokens = [object() for _ in inner.invars]
+    seen = _structure(_operations(inner, tokens), tokens[-2], tokens[-1])
+    out = _run(traced.lower().compile(), params, X, Y, name="bucketed_grads")
+    seen["grads"] = [np.asarray(g, np.float64) for g in out]
+    return seen
+
+
+@_exercise("09f_overlapping_communication", cases=[(4, 2, "tanh", 0), (6, 3, "tanh", 1)],
+           passed="the global batch's gradients, one allreduce per bucket, the last "
+                  "layers' bucket sent before the first layer's backward pass")
+def bucketed_allreduce(bucketed_grads, case):
+    """``bucketed_grads(layer, params, X, Y, num_buckets)``, per device in shard_map over
+    'data' (8 devices): the gradients of the mean squared error of the L-layer network
+    ``X -> layer(W_L, ... layer(W_1, X))`` over the global batch, with ``num_buckets``
+    allreduces of consecutive layers' gradients, each issued as soon as the backward pass
+    (last layer first) has produced its bucket."""
+    L, num_buckets, layer, seed = case
+    k, d, b = 8, 6, 2
+    rng = np.random.default_rng(seed)
+    params = [(rng.normal(size=(d, d)) / np.sqrt(d)).astype(np.float32) for _ in range(L)]
+    X = rng.normal(size=(k * b, d)).astype(np.float32)
+    Y = rng.normal(size=(k * b, d)).astype(np.float32)
+    seen = _observe(lambda: _bucket_probe(bucketed_grads, layer, params, X, Y, num_buckets, k))
+    want = [np.asarray(g, np.float64) for g in _one_device_grads(layer, params, X, Y)]
+    got = seen["grads"]
+    if [g.shape[1:] for g in got] != [w.shape for w in want]:
+        _fail(f"returned gradients of shapes {[g.shape[1:] for g in got]}: return one per "
+              f"layer, shaped like its weights ({want[0].shape})")
+    if not all(_close(g, g[:1], rtol=1e-6, atol=1e-7) for g in got):
+        _fail("the devices' gradients disagree: each device has only its part of the batch; "
+              "allreduce (lax.pmean) the gradients over 'data'")
+    got = [g[0] for g in got]
+    if not all(_close(g, w, rtol=1e-5, atol=1e-6) for g, w in zip(got, want)):
+        r = _scale(got, want)
+        if _near(r, k):
+            _fail(f"your gradients are {k}× too large: lax.psum adds the {k} devices' "
+                  f"gradients; their mean (lax.pmean) is the global batch's gradient")
+        if _near(r, 1 / k):
+            _fail(f"your gradients are {k}× too small: they were averaged twice")
+        wrong = [i + 1 for i, (g, w) in enumerate(zip(got, want))
+                 if not _close(g, w, rtol=1e-5, atol=1e-6)]
+        _fail(f"the gradients of layers {wrong} differ from one device's gradients of the "
+              f"global batch: check the backward pass (each layer's vjp takes the gradient "
+              f"of its output, from the layer after it)")
+    if seen["in_loops"]:
+        _fail("your allreduces are inside a lax loop, where the check cannot count them: "
+              "write the backward pass as a Python for loop over the layers")
+    if seen["others"]:
+        _fail(f"your program uses {', '.join(seen['others'])}: allreduce each bucket with "
+              f"lax.pmean (one call on the bucket's list of gradients)")
+    n = seen["allreduces"]
+    if n == 1 and num_buckets > 1:
+        _fail(f"one allreduce of all the gradients, at the end (as jax.grad then pmean "
+              f"does): it waits for the whole backward pass; issue {num_buckets}, one per "
+              f"bucket")
+    if n == L and num_buckets < L:
+        _fail(f"one allreduce per layer ({L}), not per bucket: group the {L} layers into "
+              f"{num_buckets} buckets of consecutive layers, one lax.pmean of a list each")
+    if n != num_buckets:
+        _fail(f"your program issues {n} allreduces for {num_buckets} buckets: one lax.pmean "
+              f"per bucket, on the list of its layers' gradients")
+    if num_buckets == 1:
+        return
+    if not seen["found_first_layer"]:
+        _fail("the check finds no product of the input X with a gradient (the first layer's "
+              "weight gradient): run the backward pass with jax.vjp of each layer")
+    if seen["waits"]:
+        _fail("your first allreduce needs the first layer's gradient: buckets in forward "
+              "order wait for the whole backward pass; allreduce the last layers' bucket "
+              "first, as soon as the backward pass has produced it")
+    if seen["after"]:
+        _fail("your first allreduce comes after the first layer's backward pass in your "
+              "program: issue each bucket's allreduce inside the backward loop, as soon as "
+              "its last gradient exists")
+
+
+def _one_device_grads(layer, params, X, Y):
+    import jax
+    import jax.numpy as jnp
+
+    def loss(params):
+        out = X
+        for W in params:
+            out = _LAYERS[layer](W, out)
+        return jnp.mean((out - Y) ** 2)
+    return jax.jit(jax.grad(loss))(params)
