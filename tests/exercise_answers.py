@@ -388,7 +388,8 @@ def _zero1_adam_with(mistake):
             elif mistake == "whole":  # every device updates the whole parameter
                 g = lax.psum(g, "data") / k
             else:
-                g = lax.psum_scatter(g, "data", tiled=True) / (1 if mistake == "sum" else k)
+                g = lax.psum_scatter(g, "data", tiled=mistake != "untiled")
+                g = g / (1 if mistake == "sum" else k)
             grads.append(g)
         rows = [w if mistake == "whole" else w[:len(w) // k] if mistake == "first rows"
                 else lax.dynamic_slice_in_dim(w, i * (len(w) // k), len(w) // k)
@@ -607,6 +608,7 @@ WRONG = {
         ((_zero1_adam_with("gathered state"),), "a whole parameter's"),
         ((_zero1_adam_with("old state"),), "your state did not change"),
         ((_zero1_adam_with("no gather"),), "returned only its 2 rows of W1"),
+        ((_zero1_adam_with("untiled"),), "psum_scatter cannot split a gradient"),
     ],
     "fsdp_and_tensor_parallelism.sp_mlp": [
         ((_sp_mlp_with("psum"),), "every device holds all 32 tokens"),
