@@ -312,7 +312,7 @@ def _wrong_rows(got, old, want, k, atol):
 
 @_exercise("09d_fsdp_and_tensor_parallelism", cases=[(8, 16, 32)],
            passed="three steps equal optax.adam on one device; each device holds 1/k of the "
-                  "moments; one reduce-scatter and one all-gather per parameter")
+                  "moments and sends what a reduce-scatter and an all-gather send")
 def zero1_adam(zero1_adam, case):
     """``zero1_adam(params, state, X, Y, loss_fn)``, one device's step under ``jax.shard_map``
     over 'data' (``check_vma=False``): ``params`` (a list of matrices) replicated, ``X``, ``Y``
