@@ -183,6 +183,21 @@ fsdp_spec = P("data", None)
 megatron_specs = (P(None, "model"), P("model", None))
 
 
+# ----- 09d: ZeRO-1 with Adam, sequence parallelism -----
+def zero1_adam(params, state, X, Y, loss_fn):
+    k, i = lax.axis_size("data"), lax.axis_index("data")
+    grads = [lax.psum_scatter(g, "data", tiled=True) / k
+             for g in jax.grad(loss_fn)(params, X, Y)]
+    rows = [lax.dynamic_slice_in_dim(w, i * len(g), len(g)) for w, g in zip(params, grads)]
+    updates, state = optax.adam(0.01).update(grads, state)
+    return [lax.all_gather(w + u, "data", tiled=True) for w, u in zip(rows, updates)], state
+
+
+def sp_mlp(x, W1, W2):
+    x = lax.all_gather(x, "model", tiled=True)
+    return lax.psum_scatter(jax.nn.gelu(x @ W1) @ W2, "model", tiled=True)
+
+
 # ----- 09d, 09e -----
 def split_stages(costs, p):
     @functools.cache
@@ -257,6 +272,8 @@ REFERENCE = {
     "meshes_and_rules.logical_rules": (rules,),
     "fsdp_and_tensor_parallelism.fsdp_spec": (fsdp_spec,),
     "fsdp_and_tensor_parallelism.megatron_specs": (megatron_specs,),
+    "fsdp_and_tensor_parallelism.zero1_adam": (zero1_adam,),  # 09d
+    "fsdp_and_tensor_parallelism.sp_mlp": (sp_mlp,),  # 09d
     "pipeline_parallelism.balanced_stages": (split_stages,),
     "overlapping_communication.overlapped_step": (overlapped_step_time,),
     "checkpoints.restore_target": (restore_target,),
@@ -356,6 +373,55 @@ def _allreduce_reduce_scatter_only(x, axis_name):
 
 def _allreduce_no_pad(x, axis_name):
     return all_gather(reduce_scatter(x, axis_name), axis_name)
+
+
+# ----- 09d: ZeRO-1 with Adam, sequence parallelism -----
+def _zero1_adam_with(mistake):
+    """zero1_adam with one plausible mistake."""
+    def step(params, state, X, Y, loss_fn):
+        k, i = lax.axis_size("data"), lax.axis_index("data")
+        grads = []
+        for w, g in zip(params, jax.grad(loss_fn)(params, X, Y)):
+            r = len(w) // k
+            if mistake == "psum":  # the whole gradient, then its rows
+                g = lax.dynamic_slice_in_dim(lax.psum(g, "data") / k, i * r, r)
+            elif mistake == "whole":  # every device updates the whole parameter
+                g = lax.psum(g, "data") / k
+            else:
+                g = lax.psum_scatter(g, "data", tiled=mistake != "untiled")
+                g = g / (1 if mistake == "sum" else k)
+            grads.append(g)
+        rows = [w if mistake == "whole" else w[:len(w) // k] if mistake == "first rows"
+                else lax.dynamic_slice_in_dim(w, i * (len(w) // k), len(w) // k)
+                for w in params]
+        updates, new_state = optax.adam(0.01).update(grads, state)
+        if mistake == "gathered state":
+            new_state = jax.tree.map(
+                lambda a: lax.all_gather(a, "data", tiled=True) if a.ndim else a, new_state)
+        new = [w + u for w, u in zip(rows, updates)]
+        if mistake != "no gather":
+            new = [lax.all_gather(w, "data", tiled=True) for w in new]
+        return new, (state if mistake == "old state" else new_state)
+    return step
+
+
+def _sp_mlp_with(mistake):
+    """sp_mlp with one plausible mistake."""
+    def mlp(x, W1, W2):
+        if mistake == "gathered weights":
+            W1 = lax.all_gather(W1, "model", axis=1, tiled=True)
+            return jax.nn.gelu(x @ W1) @ lax.all_gather(W2, "model", tiled=True)
+        if mistake not in ("no gather", "scatter without gather"):
+            x = lax.all_gather(x, "model", tiled=mistake != "untiled gather")
+        partial = jax.nn.gelu(x @ W1) @ W2
+        if mistake in ("psum", "no gather"):
+            return lax.psum(partial, "model")
+        if mistake == "psum then slice":
+            mine = len(partial) // lax.axis_size("model")
+            return lax.dynamic_slice_in_dim(lax.psum(partial, "model"),
+                                            lax.axis_index("model") * mine, mine)
+        return lax.psum_scatter(partial, "model", tiled=True)
+    return mlp
 
 
 def _loop_forever(*args):
@@ -532,6 +598,25 @@ WRONG = {
         (((P(None, "model"), P(None, "model")),), "all-gather between the layers"),
         (((P("model", None), P("model", None)),), "gelu(a + b)"),
         (((P(None, "model"), P()),), "W2 is replicated"),
+    ],
+    # 09d: ZeRO-1 with Adam, sequence parallelism
+    "fsdp_and_tensor_parallelism.zero1_adam": [
+        ((_zero1_adam_with("psum"),), "allreduces (lax.psum) the gradients"),
+        ((_zero1_adam_with("sum"),), "first moment is 8\u00d7 too large"),
+        ((_zero1_adam_with("first rows"),), "holds old row block 0"),
+        ((_zero1_adam_with("whole"),), "mixes whole parameters with the moments' rows"),
+        ((_zero1_adam_with("gathered state"),), "a whole parameter's"),
+        ((_zero1_adam_with("old state"),), "your state did not change"),
+        ((_zero1_adam_with("no gather"),), "returned only its 2 rows of W1"),
+        ((_zero1_adam_with("untiled"),), "psum_scatter cannot split a gradient"),
+    ],
+    "fsdp_and_tensor_parallelism.sp_mlp": [
+        ((_sp_mlp_with("psum"),), "every device holds all 32 tokens"),
+        ((_sp_mlp_with("psum then slice"),), "your program allreduces (lax.psum)"),
+        ((_sp_mlp_with("no gather"),), "has no all-gather"),
+        ((_sp_mlp_with("scatter without gather"),), "psum_scatter cannot split"),
+        ((_sp_mlp_with("untiled gather"),), "tiled=False"),
+        ((_sp_mlp_with("gathered weights"),), "gathering the weights is FSDP"),
     ],
     "pipeline_parallelism.balanced_stages": [
         (((lambda costs, p: [len(costs) // p] * p),), "equal numbers of blocks"),

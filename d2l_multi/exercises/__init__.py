@@ -43,7 +43,7 @@ CHECKS = {  # module (a notebook's name without its number): the checks of its e
     "memory": ["training_memory"],
     "remat": ["remat_memory"],
     "meshes_and_rules": ["logical_rules"],
-    "fsdp_and_tensor_parallelism": ["fsdp_spec", "megatron_specs"],
+    "fsdp_and_tensor_parallelism": ["fsdp_spec", "megatron_specs", "zero1_adam", "sp_mlp"],
     "pipeline_parallelism": ["balanced_stages", "interleaved"],
     "overlapping_communication": ["overlapped_step", "bucketed_allreduce"],
     "checkpoints": ["restore_target"],
