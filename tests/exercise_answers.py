@@ -3,6 +3,7 @@ check, as a notebook's ``## Solutions`` would show it, and plausible wrong answe
 the words of the hint it must get. tests/test_exercises.py runs them; they stay with the tests,
 out of the package students install."""
 import functools
+import itertools
 import math
 
 import jax
@@ -754,6 +755,59 @@ def _one_loss(layer, params, X, Y):
     return jnp.mean((X - Y) ** 2)
 
 
+def _forward_vjps(layer, params, X, Y):
+    vjps = []
+    for W in params:
+        X, vjp = jax.vjp(layer, W, X)
+        vjps.append(vjp)
+    return vjps, jax.grad(lambda out: jnp.mean((out - Y) ** 2))(X)
+
+
+def _dummy_pmeans_then_grad(layer, params, X, Y, num_buckets):
+    for _ in range(num_buckets - 1):  # allreduces of nothing the answer uses
+        lax.pmean(jnp.zeros(()), "data")
+    return _grad_then_pmean(layer, params, X, Y, num_buckets)
+
+
+def _last_bucket_early(layer, params, X, Y, num_buckets, rest=reversed):
+    vjps, dy = _forward_vjps(layer, params, X, Y)
+    L = len(params)
+    bounds = [L * i // num_buckets for i in range(num_buckets)] + [L]
+    grads = [None] * L
+    for i in reversed(range(L)):
+        grads[i], dy = vjps[i](dy)
+        if i == bounds[-2]:  # only the last layers' bucket during the backward pass
+            grads[i:] = lax.pmean(grads[i:], "data")
+    for a, b in rest(list(itertools.pairwise(bounds[:-1]))):  # the others after it
+        grads[a:b] = lax.pmean(grads[a:b], "data")
+    return grads
+
+
+def _last_bucket_early_rest_ascending(layer, params, X, Y, num_buckets):
+    return _last_bucket_early(layer, params, X, Y, num_buckets, rest=list)
+
+
+def _round_robin_buckets(layer, params, X, Y, num_buckets):
+    vjps, dy = _forward_vjps(layer, params, X, Y)
+    L = len(params)
+    grads = [None] * L
+    for i in reversed(range(L)):
+        grads[i], dy = vjps[i](dy)
+        if i < num_buckets:  # bucket i: layers i, i + num_buckets, ...
+            picked = list(range(i, L, num_buckets))
+            for j, g in zip(picked, lax.pmean([grads[j] for j in picked], "data")):
+                grads[j] = g
+    return grads
+
+
+def _stacked_grads(layer, params, X, Y, num_buckets):
+    return jnp.stack(bucketed_grads(layer, params, X, Y, num_buckets))
+
+
+def _last_layer_first(layer, params, X, Y, num_buckets):
+    return bucketed_grads(layer, params, X, Y, num_buckets)[::-1]
+
+
 REFERENCE["overlapping_communication.bucketed_allreduce"] = (bucketed_grads,)
 WRONG["overlapping_communication.bucketed_allreduce"] = [
     ((_grad_then_pmean,), "one allreduce of all the gradients, at the end"),
@@ -761,7 +815,92 @@ WRONG["overlapping_communication.bucketed_allreduce"] = [
     ((_buckets_in_forward_order,), "buckets in forward order"),
     ((_bucketed_psum,), "8\u00d7 too large"),
     ((_buckets_after_grad,), "comes after the first layer's backward pass"),
+    ((_dummy_pmeans_then_grad,), "feeds none of the gradients you return"),
+    ((_last_bucket_early,), "allreduce of layers 3-4 comes after the first layer's backward"),
+    ((_last_bucket_early_rest_ascending,), "last layers first, each bucket just below"),
+    ((_round_robin_buckets,), "layers that are not consecutive"),
+    ((_stacked_grads,), "got an array of shape (4, 6, 6)"),
+    ((_last_layer_first,), "return them in the order of `params`"),
 ]
+
+
+# Other right answers: each passes the public and the hidden cases.
+def _flat_buckets(layer, params, X, Y, num_buckets):  # one flat vector per bucket
+    vjps, dy = _forward_vjps(layer, params, X, Y)
+    L = len(params)
+    starts = [L * i // num_buckets for i in range(num_buckets)]
+    grads, bucket = [None] * L, []
+    for i in reversed(range(L)):
+        dW, dy = vjps[i](dy)
+        bucket.insert(0, dW)
+        if i in starts:
+            flat = lax.pmean(jnp.concatenate([g.ravel() for g in bucket]), "data")
+            for n, g in enumerate(bucket):
+                grads[i + n] = flat[n * g.size:(n + 1) * g.size].reshape(g.shape)
+            bucket = []
+    return grads
+
+
+def _vjp_per_bucket(layer, params, X, Y, num_buckets):  # one jax.vjp per bucket
+    L = len(params)
+    bounds = [L * i // num_buckets for i in range(num_buckets)] + [L]
+
+    def block(Ws, x):
+        for W in Ws:
+            x = layer(W, x)
+        return x
+    vjps = []
+    for a, b in itertools.pairwise(bounds):
+        X, vjp = jax.vjp(block, params[a:b], X)
+        vjps.append((a, b, vjp))
+    dy = jax.grad(lambda out: jnp.mean((out - Y) ** 2))(X)
+    grads = [None] * L
+    for a, b, vjp in reversed(vjps):
+        dWs, dy = vjp(dy)
+        grads[a:b] = lax.pmean(list(dWs), "data")
+    return grads
+
+
+def _psum_then_divide(layer, params, X, Y, num_buckets):
+    k = lax.axis_size("data")
+    vjps, dy = _forward_vjps(layer, params, X, Y)
+    L = len(params)
+    starts = [L * i // num_buckets for i in range(num_buckets)]
+    grads, bucket = [None] * L, []
+    for i in reversed(range(L)):
+        dW, dy = vjps[i](dy)
+        bucket.insert(0, dW)
+        if i in starts:
+            grads[i:i + len(bucket)] = [g / k for g in lax.psum(bucket, "data")]
+            bucket = []
+    return grads
+
+
+def _jitted_layer(layer, params, X, Y, num_buckets):
+    return bucketed_grads(jax.jit(layer), params, X, Y, num_buckets)
+
+
+def _rematerialized_layer(layer, params, X, Y, num_buckets):
+    return bucketed_grads(jax.checkpoint(layer), params, X, Y, num_buckets)
+
+
+def _unequal_buckets(layer, params, X, Y, num_buckets):  # the last layers one by one
+    vjps, dy = _forward_vjps(layer, params, X, Y)
+    L = len(params)
+    starts = [0, *range(L - num_buckets + 1, L)]
+    grads, bucket = [None] * L, []
+    for i in reversed(range(L)):
+        dW, dy = vjps[i](dy)
+        bucket.insert(0, dW)
+        if i in starts:
+            grads[i:i + len(bucket)] = lax.pmean(bucket, "data")
+            bucket = []
+    return grads
+
+
+ALSO_RIGHT = {"overlapping_communication.bucketed_allreduce": [
+    (_flat_buckets,), (_vjp_per_bucket,), (_psum_then_divide,), (_jitted_layer,),
+    (_rematerialized_layer,), (_unequal_buckets,)]}
 
 
 # ----- 09e_pipeline_parallelism: interleaved 1F1B -----
@@ -830,6 +969,10 @@ def _deep_1f1b(p, m, v):  # 1F1B over v p stages, each device given its chunks' 
     return orders
 
 
+def _gpipe_when_one_chunk(p, m, v):
+    return (_interleaved_gpipe if v == 1 else interleaved_1f1b)(p, m, v)
+
+
 REFERENCE["pipeline_parallelism.interleaved"] = (interleaved_1f1b,)
 WRONG["pipeline_parallelism.interleaved"] = [
     ((_interleaved_gpipe,), "all forwards first (GPipe order)"),
@@ -837,4 +980,5 @@ WRONG["pipeline_parallelism.interleaved"] = [
     ((_plain_1f1b,), "runs only chunk 0"),
     ((_backward_first,), "before its forward"),
     ((_deep_1f1b,), "interleaving v=2 chunks allows"),
+    ((_gpipe_when_one_chunk,), "all forwards first (GPipe order)"),
 ]

@@ -58,6 +58,21 @@ def test_the_reference_solution_passes(name, capsys):
     assert ok, line
 
 
+ALSO_RIGHT = [(name, i) for name, cases in answers.ALSO_RIGHT.items()
+              for i in range(len(cases))]
+
+
+@pytest.mark.parametrize("name,i", ALSO_RIGHT, ids=[f"{n}-{i}" for n, i in ALSO_RIGHT])
+def test_another_right_answer_passes(name, i, capsys):
+    """Designs other than the reference's that the exercise allows pass too."""
+    right = answers.ALSO_RIGHT[name][i]
+    check(name)(*right)
+    assert capsys.readouterr().out.startswith(f"PASS {name.split('.')[1]}: ")
+    ok, line = _common._replay(check(name), _common._record(check(name), right, hidden(name)),
+                               hidden(name))
+    assert ok, line
+
+
 def test_every_check_has_hidden_cases_and_no_public_way_to_them():
     for name in answers.REFERENCE:
         module, check_name = name.split(".")

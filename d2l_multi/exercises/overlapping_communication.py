@@ -85,8 +85,9 @@ def _names(jaxpr, found):
 
 def _operations(jaxpr, inputs):
     """The program as the operations it issues, in order: (primitive, input values, output
-    values, primitives inside), a value being any hashable token. Calls into other jaxprs
-    (jit, custom_jvp, remat) are inlined; loops and conditionals stay one operation."""
+    values, primitives inside), a value being any hashable token, and the values it
+    returns (None: a constant). Calls into other jaxprs (jit, custom_jvp, remat) are
+    inlined; loops and conditionals stay one operation."""
     ops = []
 
     def walk(jaxpr, env):
@@ -111,18 +112,21 @@ def _operations(jaxpr, inputs):
                 _names(sub, inside)
             ops.append((eqn.primitive.name, [v for v in ins if v is not None], outs, inside))
 
-    walk(jaxpr, dict(zip(jaxpr.invars, inputs)))
-    return ops
+    env = dict(zip(jaxpr.invars, inputs))
+    walk(jaxpr, env)
+    return ops, [env.get(a) if type(a).__name__ != "Literal" else None
+                 for a in jaxpr.outvars]
 
 
-def _structure(ops, x, y):
-    """What the check judges of the program's operations: how many allreduces it issues
-    (arrays reduced by one call count once),
-    other collectives, whether loops hide allreduces, and for the first allreduce issued
-    whether the first layer's backward products come before it (in the program's order)
-    or among its ancestors. The first layer's backward products are the dot_generals of
-    the local input x (untouched by any product) with a value computed from the targets
-    y: the gradient of the first layer's weights."""
+def _structure(ops, returned, x, y):
+    """What the check judges of the program's operations (``returned``: the values it
+    returns, one per layer): how many allreduces it issues (arrays reduced by one call
+    count once), other collectives, whether loops hide allreduces and, per allreduce in
+    the order issued, which returned gradients it feeds (the layers whose returned
+    gradient its results reach), and whether the first layer's backward products come
+    before it (in the program's order) or among its ancestors. The first layer's backward
+    products are the dot_generals of the local input x (untouched by any product) with a
+    value computed from the targets y: the gradient of the first layer's weights."""
     producer, y_dependent, x_only = {}, {y}, {x}
     for i, (name, ins, outs, _) in enumerate(ops):
         for v in outs:
@@ -144,19 +148,25 @@ def _structure(ops, x, y):
     hidden = sum(bool(inside & _ALLREDUCES) for name, _, _, inside in ops if name in _LOOPS)
     others = sorted({name for name, _, _, inside in ops
                      for name in {name} | inside if name in _OTHER_COLLECTIVES})
-    seen = {"allreduces": len(reduces), "in_loops": hidden, "others": others,
-            "found_first_layer": bool(first_backward), "waits": False, "after": False}
-    if reduces and first_backward:
-        ancestors, todo = set(), list(reduces[0])
+    fed, waits = [], []
+    for group in reduces:
+        reached = {v for i in group for v in ops[i][2]}
+        for _, ins, outs, _ in ops[group[-1] + 1:]:
+            if any(v in reached for v in ins):
+                reached.update(outs)
+        fed.append([n for n, v in enumerate(returned) if v is not None and v in reached])
+        ancestors, todo = set(), list(group)
         while todo:
             for v in ops[todo.pop()][1]:
                 j = producer.get(v)
                 if j is not None and j not in ancestors:
                     ancestors.add(j)
                     todo.append(j)
-        seen["waits"] = any(i in ancestors for i in first_backward)
-        seen["after"] = min(first_backward) < reduces[0][0]
-    return seen
+        waits.append(any(i in ancestors for i in first_backward))
+    return {"allreduces": len(reduces), "in_loops": hidden, "others": others,
+            "found_first_layer": bool(first_backward), "fed": fed, "waits": waits,
+            "after": [bool(first_backward) and min(first_backward) < group[0]
+                      for group in reduces]}
 
 
 def _shard_map_body(jaxpr):
@@ -182,30 +192,35 @@ def _bucket_probe(fn, layer, params, X, Y, num_buckets, k):
     def local(params, X, Y):
         grads = _call(fn, "bucketed_grads", _LAYERS[layer], list(params), X, Y, num_buckets)
         if not isinstance(grads, (list, tuple)) or len(grads) != len(params):
+            got = (f"{type(grads).__name__} of {len(grads)}" if isinstance(grads, (list, tuple))
+                   else f"an array of shape {tuple(grads.shape)}" if hasattr(grads, "shape")
+                   else type(grads).__name__)
             _fail(f"`bucketed_grads` should return a list of {len(params)} gradients, one "
-                  f"per layer, got {type(grads).__name__}"
-                  + (f" of {len(grads)}" if isinstance(grads, (list, tuple)) else ""))
+                  f"per layer in the order of `params`, got {got}")
         return [jax.numpy.asarray(g)[None] for g in grads]
     program = jax.jit(jax.shard_map(local, mesh=mesh, in_specs=(P(), P("data"), P("data")),
                                     out_specs=P("data"), check_vma=False))
     traced = _run(program.trace, params, X, Y, name="bucketed_grads")
     inner = _shard_map_body(traced.jaxpr.jaxpr)
     tokens = [object() for _ in inner.invars]
-    seen = _structure(_operations(inner, tokens), tokens[-2], tokens[-1])
+    seen = _structure(*_operations(inner, tokens), tokens[-2], tokens[-1])
     out = _run(traced.lower().compile(), params, X, Y, name="bucketed_grads")
     seen["grads"] = [np.asarray(g, np.float64) for g in out]
     return seen
 
 
 @_exercise("09f_overlapping_communication", cases=[(4, 2, "tanh", 0), (6, 3, "tanh", 1)],
-           passed="the global batch's gradients, one allreduce per bucket, the last "
-                  "layers' bucket sent before the first layer's backward pass")
+           passed="the global batch's gradients, one allreduce per bucket of consecutive "
+                  "layers, last layers first, all but the last sent before the first "
+                  "layer's backward pass")
 def bucketed_allreduce(bucketed_grads, case):
     """``bucketed_grads(layer, params, X, Y, num_buckets)``, per device in shard_map over
-    'data' (8 devices): the gradients of the mean squared error of the L-layer network
-    ``X -> layer(W_L, ... layer(W_1, X))`` over the global batch, with ``num_buckets``
-    allreduces of consecutive layers' gradients, each issued as soon as the backward pass
-    (last layer first) has produced its bucket."""
+    'data' (8 devices): the list of the L gradients, in the order of ``params``, of the
+    mean squared error of the L-layer network ``X -> layer(W_L, ... layer(W_1, X))`` over
+    the global batch, with ``num_buckets`` allreduces, each feeding the returned gradients
+    of a bucket of consecutive layers (any split): in the order issued, the buckets run
+    down from layer L to layer 1, and each but the last is issued before, and needs
+    nothing of, the first layer's backward pass."""
     L, num_buckets, layer, seed = case
     k, d, b = 8, 6, 2
     rng = np.random.default_rng(seed)
@@ -229,6 +244,9 @@ def bucketed_allreduce(bucketed_grads, case):
                   f"gradients; their mean (lax.pmean) is the global batch's gradient")
         if _near(r, 1 / k):
             _fail(f"your gradients are {k}× too small: they were averaged twice")
+        if all(_close(g, w, rtol=1e-5, atol=1e-6) for g, w in zip(got[::-1], want)):
+            _fail("your gradients come last layer first, as the backward pass makes them: "
+                  "return them in the order of `params`")
         wrong = [i + 1 for i, (g, w) in enumerate(zip(got, want))
                  if not _close(g, w, rtol=1e-5, atol=1e-6)]
         _fail(f"the gradients of layers {wrong} differ from one device's gradients of the "
@@ -251,19 +269,48 @@ def bucketed_allreduce(bucketed_grads, case):
     if n != num_buckets:
         _fail(f"your program issues {n} allreduces for {num_buckets} buckets: one lax.pmean "
               f"per bucket, on the list of its layers' gradients")
+    fed = seen["fed"]
+    if not all(fed):
+        _fail("one of your allreduces feeds none of the gradients you return: each "
+              "lax.pmean should reduce the gradients of a bucket of layers")
+    below = L  # the buckets, in the order issued, run down from layer L to layer 1
+    for layers in fed:
+        if layers != list(range(layers[0], layers[-1] + 1)):
+            _fail(f"your allreduce of layers {_span(layers)} reduces layers that are not "
+                  f"consecutive: a bucket is consecutive layers, complete as soon as the "
+                  f"backward pass reaches its first layer")
+        if layers[0] == 0 and below == L and num_buckets > 1:
+            _fail(f"your first allreduce, of layers {_span(layers)}, needs the first "
+                  f"layer's gradient: buckets in forward order wait for the whole backward "
+                  f"pass; allreduce the last layers' bucket first, as soon as the backward "
+                  f"pass has produced it")
+        if layers[-1] != below - 1:
+            _fail(f"your allreduces, in the order you issue them, reduce layers "
+                  f"{', '.join(_span(f) for f in fed)}: the backward pass completes the "
+                  f"buckets last layers first, each bucket just below the one before; "
+                  f"allreduce each as soon as it is complete")
+        below = layers[0]
     if num_buckets == 1:
         return
     if not seen["found_first_layer"]:
         _fail("the check finds no product of the input X with a gradient (the first layer's "
               "weight gradient): run the backward pass with jax.vjp of each layer")
-    if seen["waits"]:
-        _fail("your first allreduce needs the first layer's gradient: buckets in forward "
-              "order wait for the whole backward pass; allreduce the last layers' bucket "
-              "first, as soon as the backward pass has produced it")
-    if seen["after"]:
-        _fail("your first allreduce comes after the first layer's backward pass in your "
-              "program: issue each bucket's allreduce inside the backward loop, as soon as "
-              "its last gradient exists")
+    for layers, waits, after in zip(fed[:-1], seen["waits"], seen["after"]):
+        if waits:
+            _fail(f"your allreduce of layers {_span(layers)} needs the first layer's "
+                  f"gradient, so it waits for the whole backward pass: allreduce each bucket "
+                  f"as soon as the backward pass has produced it")
+        if after:
+            _fail(f"your allreduce of layers {_span(layers)} comes after the first layer's "
+                  f"backward pass in your program: issue each bucket's allreduce inside the "
+                  f"backward loop, as soon as its last gradient exists")
+
+
+def _span(layers):
+    """Layers given by their indices, as the text numbers them: '3-4', '5', '2, 5'."""
+    if len(layers) > 1 and layers == list(range(layers[0], layers[-1] + 1)):
+        return f"{layers[0] + 1}-{layers[-1] + 1}"
+    return ", ".join(str(i + 1) for i in layers)
 
 
 def _one_device_grads(layer, params, X, Y):

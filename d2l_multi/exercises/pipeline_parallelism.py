@@ -138,7 +138,7 @@ def _name(op):
     return f"{'forward' if kind == 'F' else 'backward'} of micro-batch {j} on chunk {c}"
 
 
-@_exercise("09e_pipeline_parallelism", cases=[(4, 8, 2), (2, 4, 3)],
+@_exercise("09e_pipeline_parallelism", cases=[(4, 8, 2), (2, 4, 3), (2, 6, 1)],
            passed="every pass once on its device, no deadlock, the bubble of v m "
                   "micro-batches and 1F1B's memory")
 def interleaved(interleaved_1f1b, case):
@@ -147,7 +147,9 @@ def interleaved(interleaved_1f1b, case):
     ...; played with forwards of 1 and backwards of 2 time units per chunk, its bubble is
     (p - 1)/(v m + p - 1) of the time, as 1F1B's with v m micro-batches (Megatron-LM's
     (p - 1)/(v m) counts the same idle time against the busy time), and no device holds
-    more than (v + 1) p chunk activations: 1F1B's p micro-batches of v chunks, plus p."""
+    more than (v + 1) p chunk activations at once, each held from the start of its
+    forward to the end of its backward: 1F1B's p micro-batches of v chunks, plus p (v = 1
+    included, where GPipe's order would hold all m)."""
     p, m, v = case
     orders = _observe(lambda: _passes(_call(interleaved_1f1b, "interleaved_1f1b", p, m, v),
                                       p, m, v))
