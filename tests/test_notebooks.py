@@ -4,6 +4,7 @@ matter in order with the solutions folded, nothing about how the book was made, 
 outputs from a full run of the current code (``python -m d2l_multi book --rerun``)."""
 import ast
 import json
+import os
 import pathlib
 import re
 import subprocess
@@ -64,6 +65,20 @@ def test_stored_outputs_are_those_of_a_full_run_of_the_current_code(nb):
     code cells, none of them an error: a notebook edited without refreshing fails here."""
     message = freshness(nb)
     assert message is None, message
+
+
+DRAWS = re.compile(r"\bplt\.|\bd2l\.(plot|Animator|show_schedule)\b|\.plot\(")
+
+
+@params
+def test_a_notebook_that_draws_stores_its_charts(nb):
+    """A reader of the stored outputs (GitHub, the book) sees every chart the code draws."""
+    cells = json.loads(nb.read_text())["cells"]
+    if not any(DRAWS.search("".join(c["source"])) for c in cells if c["cell_type"] == "code"):
+        pytest.skip("draws no chart")
+    images = [o for c in cells for o in c.get("outputs", [])
+              if {"image/png", "image/svg+xml"} & set(o.get("data", {}))]
+    assert images, f"{nb.name} draws charts but stores none: refresh it ({book.REFRESH})"
 
 
 @params
@@ -154,7 +169,8 @@ def small_notebook(path, *cells):
     return path
 
 
-SMALL = ("print(6 * 7)", "import os\nprint('smoke:', os.environ.get('D2L_MULTI_SMOKE'))")
+SMALL = ("print(6 * 7)", "import os\nprint('smoke:', os.environ.get('D2L_MULTI_SMOKE'))",
+         "import matplotlib.pyplot as plt\nplt.plot([1, 2]);")
 
 
 @pytest.fixture(scope="module")
@@ -182,7 +198,10 @@ def test_a_refreshed_notebook_holds_its_outputs_and_the_record_of_a_full_run(ref
     path, seconds = refreshed
     nb = nbformat.read(path, as_version=4)
     printed = ["".join(o.get("text", "") for o in c.outputs) for c in nb.cells[1:]]
-    assert printed == ["42\n", "smoke: None\n"]  # a full run, whatever the tests' switch
+    assert printed == ["42\n", "smoke: None\n", ""]  # a full run, whatever the tests' switch
+    # the chart is stored for readers, though the tests run with MPLBACKEND=Agg
+    assert os.environ["MPLBACKEND"] == "Agg"
+    assert any("image/png" in o.get("data", {}) for o in nb.cells[3].outputs)
     run = nb.metadata["d2l_multi"]["run"]
     assert run["smoke"] is False and run["code_hash"] == book.code_hash(nb)
     assert run["seconds"] == round(seconds, 1) and run["versions"].startswith("python 3.")

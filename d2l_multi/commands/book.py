@@ -196,7 +196,10 @@ def refresh_notebook(path, jax_cache=None, smoke=False, timeout=KERNEL_TIMEOUT):
     path = pathlib.Path(path).resolve()
     before = path.read_bytes()
     nb = nbformat.reads(before.decode(), as_version=4)
-    env = {name: value for name, value in os.environ.items() if name != "D2L_MULTI_SMOKE"}
+    # a reader's figures are stored inline: the kernel picks Jupyter's inline backend itself,
+    # unless a backend in the environment (MPLBACKEND=Agg, as in tests) draws into nothing
+    env = {name: value for name, value in os.environ.items()
+           if name not in ("D2L_MULTI_SMOKE", "MPLBACKEND")}
     if smoke:
         env["D2L_MULTI_SMOKE"] = "1"
     if jax_cache is not None:
