@@ -67,7 +67,7 @@ def test_stored_outputs_are_those_of_a_full_run_of_the_current_code(nb):
     assert message is None, message
 
 
-DRAWS = re.compile(r"\bplt\.|\bd2l\.(plot|Animator|show_schedule)\b|\.plot\(")
+DRAWS = re.compile(r"\bplt\.|\bd2l\.(plot|Animator)\b|\.plot\(")
 
 
 @params
