@@ -204,9 +204,24 @@ def overlapped_step_time(backward, comm, num_buckets):
 
 
 # ----- 10a, 10b -----
-def restore_target(tree, mesh, specs):
-    return jax.tree.map(lambda x, spec: jax.ShapeDtypeStruct(
-        x.shape, x.dtype, sharding=NamedSharding(mesh, spec)), tree, specs)
+def fsdp_target(shapes, mesh):
+    k = mesh.shape["data"]
+
+    def place(x):  # split the last axis that k divides, else replicate
+        axes = [i for i, n in enumerate(x.shape) if n % k == 0]
+        spec = P(*[None] * axes[-1], "data") if axes else P()
+        return jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=NamedSharding(mesh, spec))
+    return jax.tree.map(place, shapes)
+
+
+def _fsdp_target_wrong(shapes, mesh, mistake):
+    def place(x):
+        sharding = {"saved specs": NamedSharding(mesh, x.sharding.spec),
+                    "axis 0": NamedSharding(mesh, P("data") if x.ndim else P()),
+                    "replicated": NamedSharding(mesh, P()),
+                    "saved mesh": x.sharding}[mistake]
+        return jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=sharding)
+    return jax.tree.map(place, shapes)
 
 
 def save_position(iterator):
@@ -259,7 +274,7 @@ REFERENCE = {
     "fsdp_and_tensor_parallelism.megatron_specs": (megatron_specs,),
     "pipeline_parallelism.balanced_stages": (split_stages,),
     "overlapping_communication.overlapped_step": (overlapped_step_time,),
-    "checkpoints.restore_target": (restore_target,),
+    "checkpoints.fsdp_restore": (fsdp_target,),
     "input_pipelines.exact_resume": (save_position, resume),
     "multi_process.process_rows": (process_rows,),
     "failures.checkpoint_interval": (checkpoint_interval,),
@@ -544,15 +559,17 @@ WRONG = {
         (((lambda backward, comm, b: backward + comm),), "no overlap at all"),
         (((lambda backward, comm, b: backward + comm / b),), "the link is the bottleneck"),
     ],
-    "checkpoints.restore_target": [
-        (((lambda tree, mesh, specs: jax.tree.map(
-            lambda x, s: jax.device_put(x, NamedSharding(mesh, s)), tree, specs)),),
+    "checkpoints.fsdp_restore": [
+        (((lambda shapes, mesh: _fsdp_target_wrong(shapes, mesh, "saved specs")),),
+         "splits little or nothing"),
+        (((lambda shapes, mesh: _fsdp_target_wrong(shapes, mesh, "axis 0")),),
+         "does not divide into 8 blocks"),
+        (((lambda shapes, mesh: _fsdp_target_wrong(shapes, mesh, "replicated")),),
+         "split an axis of it that 8 divides"),
+        (((lambda shapes, mesh: _fsdp_target_wrong(shapes, mesh, "saved mesh")),),
+         "the mesh it was saved from"),
+        (((lambda shapes, mesh: jax.tree.map(lambda x: jnp.zeros(x.shape, x.dtype), shapes)),),
          "you returned arrays"),
-        (((lambda tree, mesh, specs: jax.tree.map(
-            lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype), tree)),), "no sharding"),
-        (((lambda tree, mesh, specs: jax.tree.map(
-            lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding), tree)),),
-         "saved from"),
     ],
     "input_pipelines.exact_resume": [
         ((save_position, lambda make_iterator, saved: make_iterator()),

@@ -46,7 +46,7 @@ CHECKS = {  # module (a notebook's name without its number): the checks of its e
     "fsdp_and_tensor_parallelism": ["fsdp_spec", "megatron_specs"],
     "pipeline_parallelism": ["balanced_stages"],
     "overlapping_communication": ["overlapped_step"],
-    "checkpoints": ["restore_target"],
+    "checkpoints": ["fsdp_restore"],
     "input_pipelines": ["exact_resume"],
     "multi_process": ["process_rows"],
     "failures": ["checkpoint_interval"],
