@@ -101,12 +101,15 @@ def global_grad(params, X, y, loss_fn):
 
 
 # ----- 05a, 05b, 05c -----
-def nnx_train_step(model, optimizer, X, y):
+def accumulated_nnx_step(model, optimizer, X, y, m):
     from flax import nnx
 
-    def loss_fn(model):
+    def loss_fn(model, X, y):
         return optax.softmax_cross_entropy_with_integer_labels(model(X), y).mean()
-    loss, grads = nnx.value_and_grad(loss_fn)(model)
+    loss, grads = 0.0, jax.tree.map(jnp.zeros_like, nnx.state(model, nnx.Param))
+    for i in range(m):  # micro-batch i: rows i, i + m, ..., some on every device
+        loss_i, grads_i = nnx.value_and_grad(loss_fn)(model, X[i::m], y[i::m])
+        loss, grads = loss + loss_i / m, jax.tree.map(lambda a, b: a + b / m, grads, grads_i)
     optimizer.update(model, grads)
     return loss
 
@@ -258,7 +261,7 @@ REFERENCE = {
     "data_parallel_from_scratch.grad_accumulation": (accumulated_step,),
     "jit_and_shardings.jit_data_parallel": (place_for_jit,),
     "shard_map.shard_map_grad": (global_grad,),
-    "flax.nnx_step": (nnx_train_step,),
+    "flax.nnx_accumulation": (accumulated_nnx_step,),
     "batchnorm.batch_stats": (batch_stats,),
     "resnet.flops_per_byte": (flops_per_gradient_byte,),
     "keras.keras_step": (make_train_step,),
@@ -468,11 +471,18 @@ WRONG = {
             lambda p: lax.psum(loss_fn(p, X, y), "data"))(params)),), "8\u00d7 too large"),
         (((lambda params, X, y, loss_fn: jax.grad(loss_fn)(params, X, y)),), "8\u00d7 too large"),
     ],
-    "flax.nnx_step": [
-        (((lambda model, optimizer, X, y: _nnx_step(model, optimizer, X, y, "sum")),),
-         "32\u00d7 too large"),
-        (((lambda model, optimizer, X, y: _nnx_step(model, optimizer, X, y, "no update")),),
-         "did not change"),
+    "flax.nnx_accumulation": [
+        (((lambda model, optimizer, X, y, m: _nnx_accumulation(model, optimizer, X, y, m,
+                                                               "sum")),), "4\u00d7 too large"),
+        (((lambda model, optimizer, X, y, m: _nnx_accumulation(model, optimizer, X, y, m,
+                                                               "update each")),),
+         "after each micro-batch"),
+        (((lambda model, optimizer, X, y, m: _nnx_accumulation(model, optimizer, X, y, m,
+                                                               "whole batch")),),
+         "activations at once"),
+        (((lambda model, optimizer, X, y, m: _nnx_accumulation(model, optimizer, X, y, m,
+                                                               "consecutive")),),
+         "moves examples between devices"),
     ],
     "batchnorm.batch_stats": [
         (((lambda x, axis_name: (x.mean(0), x.var(0))),), "its own 4 examples"),
@@ -588,14 +598,26 @@ WRONG = {
 }
 
 
-def _nnx_step(model, optimizer, X, y, mistake):
+def _nnx_accumulation(model, optimizer, X, y, m, mistake):
     from flax import nnx
 
-    def loss_fn(model):
-        losses = optax.softmax_cross_entropy_with_integer_labels(model(X), y)
-        return losses.sum() if mistake == "sum" else losses.mean()
-    loss, grads = nnx.value_and_grad(loss_fn)(model)
-    if mistake != "no update":
+    def loss_fn(model, X, y):
+        return optax.softmax_cross_entropy_with_integer_labels(model(X), y).mean()
+    if mistake == "whole batch":
+        loss, grads = nnx.value_and_grad(loss_fn)(model, X, y)
+        optimizer.update(model, grads)
+        return loss
+    loss, grads = 0.0, jax.tree.map(jnp.zeros_like, nnx.state(model, nnx.Param))
+    for i in range(m):
+        rows = slice(i * len(X) // m, (i + 1) * len(X) // m) if mistake == "consecutive" \
+            else slice(i, None, m)
+        loss_i, grads_i = nnx.value_and_grad(loss_fn)(model, X[rows], y[rows])
+        if mistake == "update each":
+            optimizer.update(model, jax.tree.map(lambda g: g / m, grads_i))
+        scale = 1 if mistake == "sum" else m
+        loss, grads = loss + loss_i / m, jax.tree.map(lambda a, b: a + b / scale, grads,
+                                                      grads_i)
+    if mistake != "update each":
         optimizer.update(model, grads)
     return loss
 

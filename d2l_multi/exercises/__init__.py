@@ -32,7 +32,7 @@ CHECKS = {  # module (a notebook's name without its number): the checks of its e
     "data_parallel_from_scratch": ["split_batch", "pmean_step", "grad_accumulation"],
     "jit_and_shardings": ["jit_data_parallel"],
     "shard_map": ["shard_map_grad"],
-    "flax": ["nnx_step"],
+    "flax": ["nnx_accumulation"],
     "batchnorm": ["batch_stats"],
     "resnet": ["flops_per_byte"],
     "keras": ["keras_step"],
