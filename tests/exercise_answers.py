@@ -126,20 +126,21 @@ def flops_per_gradient_byte(layers, batch_per_device):
 
 
 # ----- 06 -----
-def make_train_step(model, loss_fn, optimizer):
-    def compute_loss(trainable, non_trainable, X, y):
-        y_pred, non_trainable = model.stateless_call(trainable, non_trainable, X,
-                                                     training=True)
-        return loss_fn(y, y_pred), non_trainable
+def layout_map(device_mesh):
+    import keras
+    layouts = keras.distribution.LayoutMap(device_mesh)
+    layouts["up/kernel"] = (None, "model")  # columns: each device its own hidden units
+    layouts["up/bias"] = ("model",)
+    layouts["down/kernel"] = ("model", None)  # rows: partial sums, one all-reduce
+    return layouts
 
-    def train_step(state, X, y):
-        trainable, non_trainable, optimizer_variables = state
-        (loss, non_trainable), grads = jax.value_and_grad(compute_loss, has_aux=True)(
-            trainable, non_trainable, X, y)
-        trainable, optimizer_variables = optimizer.stateless_apply(
-            optimizer_variables, grads, trainable)
-        return loss, (trainable, non_trainable, optimizer_variables)
-    return train_step
+
+def _layout_map_wrong(device_mesh, specs):
+    import keras
+    layouts = keras.distribution.LayoutMap(device_mesh)
+    for key, spec in specs.items():
+        layouts[key] = spec
+    return layouts
 
 
 # ----- 07a, 07b, 07c -----
@@ -160,6 +161,37 @@ def predict_step_time(compute_time, k, grad_bytes, alpha, beta):
 def mixed_step(master, grads, lr):
     master = master - lr * grads.astype(jnp.float32)
     return master, master.astype(jnp.bfloat16)
+
+
+def count_lost(params, grads, lr, dtype):
+    from jax.flatten_util import ravel_pytree
+    p = ravel_pytree(params)[0].astype(dtype)
+    g = ravel_pytree(grads)[0]
+    u = (-lr * g).astype(dtype)  # may underflow to 0: lost too
+    return int(jnp.sum((p + u == p) & (g != 0)))
+
+
+def _count_lost_wrong(params, grads, lr, dtype, mistake):
+    from jax.flatten_util import ravel_pytree
+    p, g = ravel_pytree(params)[0], ravel_pytree(grads)[0]
+    u = -lr * g
+    if mistake != "float32":
+        p, u = p.astype(dtype), u.astype(dtype)
+    nonzero = {"float32": g != 0, "zeros": True, "underflow": u != 0}[mistake]
+    return int(jnp.sum((p + u == p) & nonzero))
+
+
+# ----- 07d -----
+def ring_sum(parts):
+    total = parts[0]
+    for p in parts[1:]:  # one hop: add in float32, send the running sum in bfloat16
+        total = (total.astype(jnp.float32) + p).astype(jnp.bfloat16)
+    return total
+
+
+def allreduce_bf16_gather(x, axis_name):
+    chunk = lax.psum_scatter(x.astype(jnp.float32), axis_name, tiled=True)
+    return lax.all_gather(chunk.astype(jnp.bfloat16), axis_name, tiled=True)
 
 
 # ----- 08 -----
@@ -264,11 +296,14 @@ REFERENCE = {
     "flax.nnx_accumulation": (accumulated_nnx_step,),
     "batchnorm.batch_stats": (batch_stats,),
     "resnet.flops_per_byte": (flops_per_gradient_byte,),
-    "keras.keras_step": (make_train_step,),
+    "keras.model_parallel": (layout_map,),
     "collectives.alpha_beta": (allreduce_time,),
     "collectives.bus_bandwidth": (bus_bandwidth,),
     "predicting_steps.step_time": (predict_step_time,),
     "mixed_precision.master_weights": (mixed_step,),
+    "mixed_precision.lost_updates": (count_lost,),
+    "low_precision_communication.ring_sum": (ring_sum,),
+    "low_precision_communication.bf16_gather": (allreduce_bf16_gather,),
     "ensembles.ensemble_average": (ensemble_probs,),
     "memory.training_memory": (bytes_per_device,),
     "remat.remat_memory": (activation_bytes,),
@@ -496,9 +531,19 @@ WRONG = {
         (((lambda layers, b: flops_per_gradient_byte(layers, b) * 4),), "4 bytes"),
         (((lambda layers, b: 6 * b / 4),), "reuse"),
     ],
-    "keras.keras_step": [
-        (((lambda model, loss_fn, optimizer: _keras_step_dropping_moving(
-            make_train_step(model, loss_fn, optimizer))),), "moving statistics"),
+    "keras.model_parallel": [
+        (((lambda mesh: _layout_map_wrong(mesh, {"up/kernel": (None, "model"),
+                                                 "down/kernel": (None, "model")})),),
+         "gathers the hidden layer"),
+        (((lambda mesh: _layout_map_wrong(mesh, {"up/kernel": ("model", None),
+                                                 "down/kernel": ("model", None)})),),
+         "gathers the hidden layer"),
+        (((lambda mesh: _layout_map_wrong(mesh, {"dense.*kernel": (None, "model")})),),
+         "regular expressions of variable paths"),
+        (((lambda mesh: _layout_map_wrong(mesh, {"up/kernel": ("batch", "model"),
+                                                 "down/kernel": ("model", None)})),),
+         "that axis splits the examples"),
+        (((lambda mesh: {"up/kernel": (None, "model")}),), "build a keras.distribution"),
     ],
     "collectives.alpha_beta": [
         (((lambda n, k, alpha, beta: alpha + 2 * (k - 1) / k * n * beta),), "start-up alpha"),
@@ -522,6 +567,33 @@ WRONG = {
         (((lambda master, grads, lr: ((master.astype(jnp.bfloat16) - lr * grads)
                                      .astype(jnp.float32), master.astype(jnp.bfloat16))),),
          "lost updates"),
+    ],
+    "mixed_precision.lost_updates": [
+        (((lambda params, grads, lr, dtype: _count_lost_wrong(params, grads, lr, dtype,
+                                                              "float32")),), "float32's"),
+        (((lambda params, grads, lr, dtype: _count_lost_wrong(params, grads, lr, dtype,
+                                                              "zeros")),),
+         "counted zero gradients"),
+        (((lambda params, grads, lr, dtype: _count_lost_wrong(params, grads, lr, dtype,
+                                                              "underflow")),),
+         "missed the updates that underflow"),
+    ],
+    "low_precision_communication.ring_sum": [
+        (((lambda parts: sum(p.astype(jnp.float32) for p in parts)),), "float32's"),
+        (((lambda parts: sum(p.astype(jnp.float32) for p in parts).astype(jnp.bfloat16)),),
+         "one rounding at the end"),
+        (((lambda parts: ring_sum(parts) / len(parts)),), "too small"),
+        (((lambda parts: ring_sum(parts[1:])),), "add each device's part once"),
+    ],
+    "low_precision_communication.bf16_gather": [
+        (((lambda x, axis_name: lax.psum(x, axis_name)),), "you psum in bfloat16"),
+        (((lambda x, axis_name: lax.psum(x.astype(jnp.float32), axis_name)
+           .astype(jnp.bfloat16)),), "full bytes"),
+        (((lambda x, axis_name: lax.all_gather(
+            lax.psum_scatter(x, axis_name, tiled=True).astype(jnp.float32), axis_name,
+            tiled=True)),), "the wrong way round"),
+        (((lambda x, axis_name: lax.psum_scatter(x.astype(jnp.float32), axis_name,
+                                                 tiled=True)),), "one lax.all_gather"),
     ],
     "ensembles.ensemble_average": [
         (((lambda logits: jax.nn.softmax(logits.mean(axis=0))),), "softmax first"),
@@ -620,13 +692,6 @@ def _nnx_accumulation(model, optimizer, X, y, m, mistake):
     if mistake != "update each":
         optimizer.update(model, grads)
     return loss
-
-
-def _keras_step_dropping_moving(step):
-    def train_step(state, X, y):
-        loss, (trainable, _, optimizer_variables) = step(state, X, y)
-        return loss, (trainable, state[1], optimizer_variables)
-    return train_step
 
 
 # A starter as the student edition has it, for a function and for a value.
