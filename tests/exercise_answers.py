@@ -102,12 +102,15 @@ def global_grad(params, X, y, loss_fn):
 
 
 # ----- 05a, 05b, 05c -----
-def nnx_train_step(model, optimizer, X, y):
+def accumulated_nnx_step(model, optimizer, X, y, m):
     from flax import nnx
 
-    def loss_fn(model):
+    def loss_fn(model, X, y):
         return optax.softmax_cross_entropy_with_integer_labels(model(X), y).mean()
-    loss, grads = nnx.value_and_grad(loss_fn)(model)
+    loss, grads = 0.0, jax.tree.map(jnp.zeros_like, nnx.state(model, nnx.Param))
+    for i in range(m):  # micro-batch i: rows i, i + m, ..., some on every device
+        loss_i, grads_i = nnx.value_and_grad(loss_fn)(model, X[i::m], y[i::m])
+        loss, grads = loss + loss_i / m, jax.tree.map(lambda a, b: a + b / m, grads, grads_i)
     optimizer.update(model, grads)
     return loss
 
@@ -124,20 +127,21 @@ def flops_per_gradient_byte(layers, batch_per_device):
 
 
 # ----- 06 -----
-def make_train_step(model, loss_fn, optimizer):
-    def compute_loss(trainable, non_trainable, X, y):
-        y_pred, non_trainable = model.stateless_call(trainable, non_trainable, X,
-                                                     training=True)
-        return loss_fn(y, y_pred), non_trainable
+def layout_map(device_mesh):
+    import keras
+    layouts = keras.distribution.LayoutMap(device_mesh)
+    layouts["up/kernel"] = (None, "model")  # columns: each device its own hidden units
+    layouts["up/bias"] = ("model",)
+    layouts["down/kernel"] = ("model", None)  # rows: partial sums, one all-reduce
+    return layouts
 
-    def train_step(state, X, y):
-        trainable, non_trainable, optimizer_variables = state
-        (loss, non_trainable), grads = jax.value_and_grad(compute_loss, has_aux=True)(
-            trainable, non_trainable, X, y)
-        trainable, optimizer_variables = optimizer.stateless_apply(
-            optimizer_variables, grads, trainable)
-        return loss, (trainable, non_trainable, optimizer_variables)
-    return train_step
+
+def _layout_map_wrong(device_mesh, specs):
+    import keras
+    layouts = keras.distribution.LayoutMap(device_mesh)
+    for key, spec in specs.items():
+        layouts[key] = spec
+    return layouts
 
 
 # ----- 07a, 07b, 07c -----
@@ -158,6 +162,37 @@ def predict_step_time(compute_time, k, grad_bytes, alpha, beta):
 def mixed_step(master, grads, lr):
     master = master - lr * grads.astype(jnp.float32)
     return master, master.astype(jnp.bfloat16)
+
+
+def count_lost(params, grads, lr, dtype):
+    from jax.flatten_util import ravel_pytree
+    p = ravel_pytree(params)[0].astype(dtype)
+    g = ravel_pytree(grads)[0]
+    u = (-lr * g).astype(dtype)  # may underflow to 0: lost too
+    return int(jnp.sum((p + u == p) & (g != 0)))
+
+
+def _count_lost_wrong(params, grads, lr, dtype, mistake):
+    from jax.flatten_util import ravel_pytree
+    p, g = ravel_pytree(params)[0], ravel_pytree(grads)[0]
+    u = -lr * g
+    if mistake != "float32":
+        p, u = p.astype(dtype), u.astype(dtype)
+    nonzero = {"float32": g != 0, "zeros": True, "underflow": u != 0}[mistake]
+    return int(jnp.sum((p + u == p) & nonzero))
+
+
+# ----- 07d -----
+def ring_sum(parts):
+    total = parts[0]
+    for p in parts[1:]:  # one hop: add in float32, send the running sum in bfloat16
+        total = (total.astype(jnp.float32) + p).astype(jnp.bfloat16)
+    return total
+
+
+def allreduce_bf16_gather(x, axis_name):
+    chunk = lax.psum_scatter(x.astype(jnp.float32), axis_name, tiled=True)
+    return lax.all_gather(chunk.astype(jnp.bfloat16), axis_name, tiled=True)
 
 
 # ----- 08 -----
@@ -220,9 +255,24 @@ def overlapped_step_time(backward, comm, num_buckets):
 
 
 # ----- 10a, 10b -----
-def restore_target(tree, mesh, specs):
-    return jax.tree.map(lambda x, spec: jax.ShapeDtypeStruct(
-        x.shape, x.dtype, sharding=NamedSharding(mesh, spec)), tree, specs)
+def fsdp_target(shapes, mesh):
+    k = mesh.shape["data"]
+
+    def place(x):  # split the last axis that k divides, else replicate
+        axes = [i for i, n in enumerate(x.shape) if n % k == 0]
+        spec = P(*[None] * axes[-1], "data") if axes else P()
+        return jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=NamedSharding(mesh, spec))
+    return jax.tree.map(place, shapes)
+
+
+def _fsdp_target_wrong(shapes, mesh, mistake):
+    def place(x):
+        sharding = {"saved specs": NamedSharding(mesh, x.sharding.spec),
+                    "axis 0": NamedSharding(mesh, P("data") if x.ndim else P()),
+                    "replicated": NamedSharding(mesh, P()),
+                    "saved mesh": x.sharding}[mistake]
+        return jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=sharding)
+    return jax.tree.map(place, shapes)
 
 
 def save_position(iterator):
@@ -259,14 +309,17 @@ REFERENCE = {
     "data_parallel_from_scratch.grad_accumulation": (accumulated_step,),
     "jit_and_shardings.jit_data_parallel": (place_for_jit,),
     "shard_map.shard_map_grad": (global_grad,),
-    "flax.nnx_step": (nnx_train_step,),
+    "flax.nnx_accumulation": (accumulated_nnx_step,),
     "batchnorm.batch_stats": (batch_stats,),
     "resnet.flops_per_byte": (flops_per_gradient_byte,),
-    "keras.keras_step": (make_train_step,),
+    "keras.model_parallel": (layout_map,),
     "collectives.alpha_beta": (allreduce_time,),
     "collectives.bus_bandwidth": (bus_bandwidth,),
     "predicting_steps.step_time": (predict_step_time,),
     "mixed_precision.master_weights": (mixed_step,),
+    "mixed_precision.lost_updates": (count_lost,),
+    "low_precision_communication.ring_sum": (ring_sum,),
+    "low_precision_communication.bf16_gather": (allreduce_bf16_gather,),
     "ensembles.ensemble_average": (ensemble_probs,),
     "memory.training_memory": (bytes_per_device,),
     "remat.remat_memory": (activation_bytes,),
@@ -277,7 +330,7 @@ REFERENCE = {
     "fsdp_and_tensor_parallelism.sp_mlp": (sp_mlp,),  # 09d
     "pipeline_parallelism.balanced_stages": (split_stages,),
     "overlapping_communication.overlapped_step": (overlapped_step_time,),
-    "checkpoints.restore_target": (restore_target,),
+    "checkpoints.fsdp_restore": (fsdp_target,),
     "input_pipelines.exact_resume": (save_position, resume),
     "multi_process.process_rows": (process_rows,),
     "failures.checkpoint_interval": (checkpoint_interval,),
@@ -520,11 +573,18 @@ WRONG = {
             lambda p: lax.psum(loss_fn(p, X, y), "data"))(params)),), "8\u00d7 too large"),
         (((lambda params, X, y, loss_fn: jax.grad(loss_fn)(params, X, y)),), "8\u00d7 too large"),
     ],
-    "flax.nnx_step": [
-        (((lambda model, optimizer, X, y: _nnx_step(model, optimizer, X, y, "sum")),),
-         "32\u00d7 too large"),
-        (((lambda model, optimizer, X, y: _nnx_step(model, optimizer, X, y, "no update")),),
-         "did not change"),
+    "flax.nnx_accumulation": [
+        (((lambda model, optimizer, X, y, m: _nnx_accumulation(model, optimizer, X, y, m,
+                                                               "sum")),), "4\u00d7 too large"),
+        (((lambda model, optimizer, X, y, m: _nnx_accumulation(model, optimizer, X, y, m,
+                                                               "update each")),),
+         "after each micro-batch"),
+        (((lambda model, optimizer, X, y, m: _nnx_accumulation(model, optimizer, X, y, m,
+                                                               "whole batch")),),
+         "activations at once"),
+        (((lambda model, optimizer, X, y, m: _nnx_accumulation(model, optimizer, X, y, m,
+                                                               "consecutive")),),
+         "moves examples between devices"),
     ],
     "batchnorm.batch_stats": [
         (((lambda x, axis_name: (x.mean(0), x.var(0))),), "its own 4 examples"),
@@ -538,9 +598,19 @@ WRONG = {
         (((lambda layers, b: flops_per_gradient_byte(layers, b) * 4),), "4 bytes"),
         (((lambda layers, b: 6 * b / 4),), "reuse"),
     ],
-    "keras.keras_step": [
-        (((lambda model, loss_fn, optimizer: _keras_step_dropping_moving(
-            make_train_step(model, loss_fn, optimizer))),), "moving statistics"),
+    "keras.model_parallel": [
+        (((lambda mesh: _layout_map_wrong(mesh, {"up/kernel": (None, "model"),
+                                                 "down/kernel": (None, "model")})),),
+         "gathers the hidden layer"),
+        (((lambda mesh: _layout_map_wrong(mesh, {"up/kernel": ("model", None),
+                                                 "down/kernel": ("model", None)})),),
+         "gathers the hidden layer"),
+        (((lambda mesh: _layout_map_wrong(mesh, {"dense.*kernel": (None, "model")})),),
+         "regular expressions of variable paths"),
+        (((lambda mesh: _layout_map_wrong(mesh, {"up/kernel": ("batch", "model"),
+                                                 "down/kernel": ("model", None)})),),
+         "that axis splits the examples"),
+        (((lambda mesh: {"up/kernel": (None, "model")}),), "build a keras.distribution"),
     ],
     "collectives.alpha_beta": [
         (((lambda n, k, alpha, beta: alpha + 2 * (k - 1) / k * n * beta),), "start-up alpha"),
@@ -564,6 +634,33 @@ WRONG = {
         (((lambda master, grads, lr: ((master.astype(jnp.bfloat16) - lr * grads)
                                      .astype(jnp.float32), master.astype(jnp.bfloat16))),),
          "lost updates"),
+    ],
+    "mixed_precision.lost_updates": [
+        (((lambda params, grads, lr, dtype: _count_lost_wrong(params, grads, lr, dtype,
+                                                              "float32")),), "float32's"),
+        (((lambda params, grads, lr, dtype: _count_lost_wrong(params, grads, lr, dtype,
+                                                              "zeros")),),
+         "counted zero gradients"),
+        (((lambda params, grads, lr, dtype: _count_lost_wrong(params, grads, lr, dtype,
+                                                              "underflow")),),
+         "missed the updates that underflow"),
+    ],
+    "low_precision_communication.ring_sum": [
+        (((lambda parts: sum(p.astype(jnp.float32) for p in parts)),), "float32's"),
+        (((lambda parts: sum(p.astype(jnp.float32) for p in parts).astype(jnp.bfloat16)),),
+         "one rounding at the end"),
+        (((lambda parts: ring_sum(parts) / len(parts)),), "too small"),
+        (((lambda parts: ring_sum(parts[1:])),), "add each device's part once"),
+    ],
+    "low_precision_communication.bf16_gather": [
+        (((lambda x, axis_name: lax.psum(x, axis_name)),), "you psum in bfloat16"),
+        (((lambda x, axis_name: lax.psum(x.astype(jnp.float32), axis_name)
+           .astype(jnp.bfloat16)),), "full bytes"),
+        (((lambda x, axis_name: lax.all_gather(
+            lax.psum_scatter(x, axis_name, tiled=True).astype(jnp.float32), axis_name,
+            tiled=True)),), "the wrong way round"),
+        (((lambda x, axis_name: lax.psum_scatter(x.astype(jnp.float32), axis_name,
+                                                 tiled=True)),), "one lax.all_gather"),
     ],
     "ensembles.ensemble_average": [
         (((lambda logits: jax.nn.softmax(logits.mean(axis=0))),), "softmax first"),
@@ -630,15 +727,17 @@ WRONG = {
         (((lambda backward, comm, b: backward + comm),), "no overlap at all"),
         (((lambda backward, comm, b: backward + comm / b),), "the link is the bottleneck"),
     ],
-    "checkpoints.restore_target": [
-        (((lambda tree, mesh, specs: jax.tree.map(
-            lambda x, s: jax.device_put(x, NamedSharding(mesh, s)), tree, specs)),),
+    "checkpoints.fsdp_restore": [
+        (((lambda shapes, mesh: _fsdp_target_wrong(shapes, mesh, "saved specs")),),
+         "splits little or nothing"),
+        (((lambda shapes, mesh: _fsdp_target_wrong(shapes, mesh, "axis 0")),),
+         "does not divide into 8 blocks"),
+        (((lambda shapes, mesh: _fsdp_target_wrong(shapes, mesh, "replicated")),),
+         "split an axis of it that 8 divides"),
+        (((lambda shapes, mesh: _fsdp_target_wrong(shapes, mesh, "saved mesh")),),
+         "the mesh it was saved from"),
+        (((lambda shapes, mesh: jax.tree.map(lambda x: jnp.zeros(x.shape, x.dtype), shapes)),),
          "you returned arrays"),
-        (((lambda tree, mesh, specs: jax.tree.map(
-            lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype), tree)),), "no sharding"),
-        (((lambda tree, mesh, specs: jax.tree.map(
-            lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding), tree)),),
-         "saved from"),
     ],
     "input_pipelines.exact_resume": [
         ((save_position, lambda make_iterator, saved: make_iterator()),
@@ -657,23 +756,28 @@ WRONG = {
 }
 
 
-def _nnx_step(model, optimizer, X, y, mistake):
+def _nnx_accumulation(model, optimizer, X, y, m, mistake):
     from flax import nnx
 
-    def loss_fn(model):
-        losses = optax.softmax_cross_entropy_with_integer_labels(model(X), y)
-        return losses.sum() if mistake == "sum" else losses.mean()
-    loss, grads = nnx.value_and_grad(loss_fn)(model)
-    if mistake != "no update":
+    def loss_fn(model, X, y):
+        return optax.softmax_cross_entropy_with_integer_labels(model(X), y).mean()
+    if mistake == "whole batch":
+        loss, grads = nnx.value_and_grad(loss_fn)(model, X, y)
+        optimizer.update(model, grads)
+        return loss
+    loss, grads = 0.0, jax.tree.map(jnp.zeros_like, nnx.state(model, nnx.Param))
+    for i in range(m):
+        rows = slice(i * len(X) // m, (i + 1) * len(X) // m) if mistake == "consecutive" \
+            else slice(i, None, m)
+        loss_i, grads_i = nnx.value_and_grad(loss_fn)(model, X[rows], y[rows])
+        if mistake == "update each":
+            optimizer.update(model, jax.tree.map(lambda g: g / m, grads_i))
+        scale = 1 if mistake == "sum" else m
+        loss, grads = loss + loss_i / m, jax.tree.map(lambda a, b: a + b / scale, grads,
+                                                      grads_i)
+    if mistake != "update each":
         optimizer.update(model, grads)
     return loss
-
-
-def _keras_step_dropping_moving(step):
-    def train_step(state, X, y):
-        loss, (trainable, _, optimizer_variables) = step(state, X, y)
-        return loss, (trainable, state[1], optimizer_variables)
-    return train_step
 
 
 # A starter as the student edition has it, for a function and for a value.

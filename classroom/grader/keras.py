@@ -1,5 +1,5 @@
 """Hidden cases of notebook 06_keras's checks (d2l_multi/exercises/keras.py)."""
 HIDDEN = {
-    # keras_step: the seed of another batch of 32 examples
-    "keras_step": [2, 3],
+    # model_parallel: (seed of the weights and batch, the ('batch', 'model') mesh of 8 devices)
+    "model_parallel": [(1, (2, 4)), (2, (4, 2))],
 }

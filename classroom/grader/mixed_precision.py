@@ -3,4 +3,6 @@
 HIDDEN = {
     # master_weights: (learning rate, gradient, steps)
     "master_weights": [(0.01, 2e-3, 300)],
+    # lost_updates: (seed of the weights and gradients, learning rate)
+    "lost_updates": [(1, 0.05), (2, 1.0)],
 }

@@ -19,11 +19,23 @@ from ._common import (
 # 05a: Flax
 
 
-def _model_and_optimizer():
+_MOVES = ("all-gather", "all-to-all", "collective-permute", "reduce-scatter")
+
+
+def _model_and_optimizer(seed):
+    """A small MLP (4 -> 32 -> 3) and its optimizer, SGD with momentum."""
     import optax
     from flax import nnx
-    model = nnx.Linear(4, 3, rngs=nnx.Rngs(0))
-    return model, nnx.Optimizer(model, optax.sgd(0.1), wrt=nnx.Param)
+
+    class MLP(nnx.Module):
+        def __init__(self, rngs):
+            self.hidden = nnx.Linear(4, 32, rngs=rngs)
+            self.out = nnx.Linear(32, 3, rngs=rngs)
+
+        def __call__(self, x):
+            return self.out(nnx.relu(self.hidden(x)))
+    model = MLP(nnx.Rngs(seed))
+    return model, nnx.Optimizer(model, optax.sgd(0.1, momentum=0.9), wrt=nnx.Param)
 
 
 def _params(model):
@@ -32,26 +44,54 @@ def _params(model):
     return [np.asarray(a) for a in jax.tree.leaves(nnx.state(model, nnx.Param))]
 
 
-def _one_device_step(model, optimizer, X, y):
-    """One optax step on the mean cross-entropy, on one device: what the answer must equal."""
+def _mean_loss(model, X, y):
     import optax
+    return optax.softmax_cross_entropy_with_integer_labels(model(X), y).mean()
+
+
+def _largest_product(jaxpr, found=0):
+    """The most values any matrix product of the program makes at once (a scan's body
+    counts once: its iterations run one after another)."""
+    for eqn in jaxpr.eqns:
+        if eqn.primitive.name == "dot_general":
+            found = max(found, int(np.prod(eqn.outvars[0].aval.shape)))
+        for param in eqn.params.values():
+            for sub in param if isinstance(param, (list, tuple)) else [param]:
+                inner = getattr(sub, "jaxpr", sub)
+                if hasattr(inner, "eqns"):
+                    found = _largest_product(inner, found)
+    return found
+
+
+def _reference(seed, X, y, m, mistake=None):
+    """The parameters after one step on the whole batch on one device (or after one of the
+    plausible wrong steps, to name it)."""
+    import jax
     from flax import nnx
+    model, optimizer = _model_and_optimizer(seed)
+    if mistake is None:
+        loss, grads = nnx.value_and_grad(_mean_loss)(model, X, y)
+        optimizer.update(model, grads)
+        return _params(model), float(loss)
+    for i in range(m):  # an update per micro-batch, of consecutive or interleaved rows
+        rows = slice(i * len(X) // m, (i + 1) * len(X) // m) if mistake == "consecutive" \
+            else slice(i, None, m)
+        optimizer.update(model, jax.tree.map(
+            lambda g: g / m, nnx.grad(_mean_loss)(model, X[rows], y[rows])))
+    return _params(model), None
 
-    def loss_fn(model):
-        return optax.softmax_cross_entropy_with_integer_labels(model(X), y).mean()
-    loss, grads = nnx.value_and_grad(loss_fn)(model)
-    optimizer.update(model, grads)
-    return loss
 
-
-@_exercise("05a_flax", cases=[1],
-           passed="the sharded step equals one device's step on the whole batch")
-def nnx_step(train_step, seed):
-    """``train_step(model, optimizer, X, y)``: one optimizer step on the mean softmax
-    cross-entropy of ``model(X)``, in place, returning the loss. Run under ``nnx.jit`` with a
-    replicated model and a batch sharded over 8 devices, it must equal one device's step."""
-    _, X, y = _softmax_problem(50 + seed, 32)
-    n = len(X)
+@_exercise("05a_flax", cases=[(1, 4, 64)],
+           passed="m micro-batches, each split over the 8 devices, make one step on the whole "
+                  "batch")
+def nnx_accumulation(accumulated_step, case):
+    """``accumulated_step(model, optimizer, X, y, m)``: one optimizer update, in place, from
+    the mean gradient of the m micro-batches of ``X``, taken one after another; returns the
+    mean loss. Under ``jax.jit`` with a replicated model and a batch split over 8 devices it
+    must equal one step on the whole batch, compute one micro-batch's activations at a time,
+    and move no example between devices."""
+    seed, m, n = case
+    _, X, y = _softmax_problem(50 + seed, n)
 
     def probe():
         import jax
@@ -59,32 +99,54 @@ def nnx_step(train_step, seed):
         from jax.sharding import NamedSharding
         from jax.sharding import PartitionSpec as P
         mesh = _mesh((8,), ("data",))
-        model, optimizer = _model_and_optimizer()
-        nnx.update((model, optimizer), jax.device_put(nnx.state((model, optimizer)),
-                                                      NamedSharding(mesh, P())))
+        model, optimizer = _model_and_optimizer(seed)
+        graphdef, state = nnx.split((model, optimizer))
+        state = jax.device_put(state, NamedSharding(mesh, P()))
         batch = jax.device_put((X, y), NamedSharding(mesh, P("data")))
-        sharded = nnx.jit(lambda m, o, X, y: _call(train_step, "train_step", m, o, X, y))
-        loss = _number(_run(sharded, model, optimizer, *batch, name="train_step"),
-                       "train_step")
-        return {"params": _params(model), "loss": loss}
+
+        def step(state, X, y):
+            model, optimizer = nnx.merge(graphdef, state)
+            loss = _call(accumulated_step, "accumulated_step", model, optimizer, X, y, m)
+            return loss, nnx.state((model, optimizer))
+        traced = _run(jax.jit(step).trace, state, *batch, name="accumulated_step")
+        compiled = _run(lambda: traced.lower().compile(), name="accumulated_step")
+        loss, state = _run(compiled, state, *batch, name="accumulated_step")
+        model, _ = nnx.merge(graphdef, state)
+        hlo = compiled.as_text()
+        return {"params": _params(model), "loss": _number(loss, "accumulated_step"),
+                "largest": _largest_product(traced.jaxpr.jaxpr),
+                "moves": sorted(op for op in _MOVES if f" {op}(" in hlo
+                                or f" {op}-start(" in hlo)}
     seen = _observe(probe)
-    model, optimizer = _model_and_optimizer()
-    before = _params(model)
-    loss = float(_one_device_step(model, optimizer, X, y))
-    want, got = _params(model), seen["params"]
+    before = _params(_model_and_optimizer(seed)[0])
+    want, loss = _reference(seed, X, y, m)
+    got = seen["params"]
     if len(got) != len(want) or not all(
             _close(a, b, rtol=1e-4, atol=1e-6) for a, b in zip(got, want)):
-        delta = [np.asarray(a) - b for a, b in zip(got, before)]
-        r = _scale(delta, [a - b for a, b in zip(want, before)])
-        if _near(r, n):
-            _fail(f"your update is {n}\u00d7 too large (the global batch): the loss sums over "
-                  f"the examples; take the mean, so the step does not grow with the batch or "
-                  f"the number of devices")
+        if len(got) == len(want) and any(all(
+                _close(a, b, rtol=1e-4, atol=1e-6) for a, b in zip(got, per_micro))
+                for per_micro, _ in (_reference(seed, X, y, m, order)
+                                     for order in ("consecutive", "interleaved"))):
+            _fail("you updated after each micro-batch: add up the micro-batches' gradients "
+                  "and call optimizer.update once")
+        r = _scale([a - b for a, b in zip(got, before)], [a - b for a, b in zip(want, before)])
+        if _near(r, m):
+            _fail(f"your update is {m}\u00d7 too large: divide the sum of the {m} "
+                  f"micro-batches' gradients by {m}")
         if r is not None and abs(r) < 1e-6:
-            _fail("the parameters did not change: apply the gradients with "
+            _fail("the parameters did not change: apply the mean gradient with "
                   "optimizer.update(model, grads)")
-        if _near(r, -1):
-            _fail("your update climbs the loss: differentiate the loss itself")
-        _fail("the step on 8 devices differs from one device's step on the whole batch")
+        _fail(f"your step differs from one step on the whole batch of {n}: every example "
+              f"counts once, with weight 1/{n}")
+    micro = n // m * 32  # the hidden layer's activations of one micro-batch
+    if seen["largest"] > micro:
+        _fail(f"your program computes {seen['largest']} activations at once where one "
+              f"micro-batch makes {micro}: run the micro-batches one after another (a loop "
+              f"or lax.scan), not the whole batch or a vmap over them")
+    if seen["moves"]:
+        _fail(f"the compiled step moves examples between devices ({', '.join(seen['moves'])}): "
+              f"a micro-batch of consecutive rows lies on a few devices; give micro-batch i "
+              f"rows of every device, e.g. X[i::m]")
     if not _close(seen["loss"], loss, rtol=1e-4):
-        _fail("the parameters are right but the returned loss is not the batch's mean loss")
+        _fail("the parameters are right but the returned loss is not the whole batch's mean "
+              "loss")

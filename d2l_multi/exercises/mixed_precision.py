@@ -1,7 +1,7 @@
 """The checks of the exercises of notebook 07c_mixed_precision."""
 import numpy as np
 
-from ._common import _call, _close, _exercise, _fail, _observe, _times
+from ._common import _call, _close, _exercise, _fail, _number, _observe, _times
 
 # --------------------------------------------------------------------------------------------
 # 07c: mixed precision
@@ -52,3 +52,67 @@ def master_weights(mixed_step, case):
     rounded = np.asarray(seen["master"]).astype(ml_dtypes.bfloat16).astype(np.float64)
     if not _close(np.asarray(seen["copy"], np.float64), rounded):
         _fail("the bfloat16 copy is not the master weights rounded to bfloat16")
+
+
+def _lost_problem(seed):
+    """Weights near 1 and gradients from 1e-9 to 1e-1 in magnitude, some of them zero."""
+    rng = np.random.default_rng(seed)
+    params = [rng.normal(1.0, 0.5, size=(40, 25)).astype(np.float32),
+              rng.normal(0.0, 0.1, size=500).astype(np.float32)]
+    grads = [(rng.choice([-1, 1], size=p.shape) * 10.0 ** rng.uniform(-9, -1, p.shape)
+              * (rng.random(p.shape) > 0.05)).astype(np.float32) for p in params]
+    return params, grads
+
+
+def _count_lost(params, grads, lr, dtype, mistake=None):
+    """The nonzero gradients whose SGD update leaves the weight, stored in dtype, unchanged
+    (an update that underflows to zero in dtype is lost too); or a plausible wrong count."""
+    import ml_dtypes
+    dt = np.dtype(ml_dtypes.bfloat16) if dtype == "bfloat16" else np.dtype(dtype)
+    p = np.concatenate([np.ravel(a) for a in params])
+    g = np.concatenate([np.ravel(a) for a in grads])
+    u = (np.float32(-lr) * g).astype(np.float32)
+    if mistake != "float32":
+        p, u = p.astype(dt), u.astype(dt)
+    same = (p + u).astype(p.dtype) == p
+    if mistake == "zeros":
+        return int(np.sum(same))
+    if mistake == "underflow":
+        return int(np.sum(same & (u != 0)))
+    return int(np.sum(same & (g != 0)))
+
+
+@_exercise("07c_mixed_precision", cases=[(0, 0.1)],
+           passed="lost updates counted in float16 and bfloat16, underflow included")
+def lost_updates(count_lost, case):
+    """``count_lost(params, grads, lr, dtype)``: how many nonzero gradients of an SGD step
+    with rate ``lr`` leave their weight unchanged when weights and updates are stored in
+    ``dtype`` (float16 or bfloat16)."""
+    seed, lr = case
+    params, grads = _lost_problem(seed)
+
+    def probe():
+        import jax.numpy as jnp
+        return {name: _number(_call(count_lost, "count_lost", params, grads, lr, dtype),
+                              "count_lost")
+                for name, dtype in (("float16", jnp.float16), ("bfloat16", jnp.bfloat16))}
+    seen = _observe(probe)
+
+    def near(got, want):  # a tie rounded another way here and there
+        return abs(got - want) <= max(2, 0.002 * want)
+    for dtype in ("float16", "bfloat16"):
+        got, want = seen[dtype], _count_lost(params, grads, lr, dtype)
+        if near(got, want):
+            continue
+        if near(got, _count_lost(params, grads, lr, dtype, "float32")):
+            _fail(f"your {dtype} count is float32's: cast the weights and the updates to "
+                  f"{dtype} before adding them")
+        if near(got, _count_lost(params, grads, lr, dtype, "zeros")):
+            _fail("you counted zero gradients as lost: a zero gradient asks for no update; "
+                  "count only the nonzero ones")
+        if near(got, _count_lost(params, grads, lr, dtype, "underflow")):
+            _fail(f"you missed the updates that underflow: lr \u00d7 g below {dtype}'s "
+                  f"smallest number rounds to 0 and is lost too; test the gradient, not the "
+                  f"rounded update, for zero")
+        _fail(f"you count {got:g} lost updates in {dtype}, not {want}: a lost update is a "
+              f"nonzero gradient whose weight w + (-lr \u00d7 g), in {dtype}, equals w")
