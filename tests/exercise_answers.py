@@ -257,8 +257,9 @@ def predict_bytes(config, mesh_shape, rules):
 
 
 def capstone_train(model_fn, mesh, rules, batches, optimizer=None, text="compiled"):
-    import d2l_multi as d2l
     from flax import nnx
+
+    import d2l_multi as d2l
     model = d2l.create_sharded(model_fn, mesh, rules)
     with d2l.use_sharding(mesh, rules):
         opt = nnx.Optimizer(model, optimizer or optax.adam(1e-3), wrt=nnx.Param)

@@ -4,8 +4,7 @@ import math
 
 import numpy as np
 
-from ._common import (
-    _call, _close, _exercise, _fail, _first_line, _mesh, _number, _observe)
+from ._common import _call, _close, _exercise, _fail, _first_line, _mesh, _number, _observe
 from .meshes_and_rules import _plain_rules
 
 # --------------------------------------------------------------------------------------------
