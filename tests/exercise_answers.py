@@ -312,7 +312,7 @@ REFERENCE = {
     # 12_capstone
     "capstone.rules_2d": (capstone_rules,),
     "capstone.memory_prediction": (predict_bytes,),
-    "capstone.sharded_training": (capstone_train, capstone_rules, uses_all_gather),
+    "capstone.sharded_training": (capstone_train, uses_all_gather),
 }
 
 
@@ -635,10 +635,10 @@ WRONG = {
         (((lambda c, m, r: predict_bytes(c, m, r) // 4),), "count the gradients"),
     ],
     "capstone.sharded_training": [
-        ((functools.partial(capstone_train, optimizer=optax.sgd(1e-3)), capstone_rules,
-          uses_all_gather), "later ones differ"),
-        ((capstone_train, capstone_rules, lambda rules: False), "you predicted it would not"),
-        ((functools.partial(capstone_train, text="lowered"), capstone_rules, uses_all_gather),
+        ((functools.partial(capstone_train, optimizer=optax.sgd(1e-3)), uses_all_gather),
+         "later ones differ"),
+        ((capstone_train, lambda rules: False), "you predicted it would not"),
+        ((functools.partial(capstone_train, text="lowered"), uses_all_gather),
          "compiled step's HLO text"),
     ],
 }

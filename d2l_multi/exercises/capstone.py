@@ -327,13 +327,14 @@ def _kinds(config, rules, batch):
 
 @_exercise("12_capstone", cases=[0],
            passed="same losses and parameters as one device; the collectives foreseen")
-def sharded_training(train, rules, uses_all_gather, case):
+def sharded_training(train, uses_all_gather, case):
     """``train(model_fn, mesh, rules, batches)`` -> ``(losses, params, hlo_text)``: Adam
     (optax.adam(1e-3)) steps of ``model_fn()`` laid out on ``mesh`` by ``rules``, one per
-    batch; ``uses_all_gather(rules)``: whether the compiled step all-gathers."""
+    batch, run with the 2-D rules (FSDP over 'data', tensor parallelism over 'model');
+    ``uses_all_gather(rules)``: whether the compiled step all-gathers."""
     def probe():
         import optax
-        plain = _plain_rules(rules)
+        plain = _rules_of("fsdp+tp")[1]
         batches = _tokens(_SMALL, 8, case, _STEPS)
         losses, params, kinds = _train(train, _SMALL, plain, batches)
         want_losses, want = _one_device_losses(_SMALL, batches, optax.adam(1e-3))
@@ -345,7 +346,7 @@ def sharded_training(train, rules, uses_all_gather, case):
         predicted = [bool(_call(uses_all_gather, "uses_all_gather", dict(r)))
                      for r in (plain, dp_tp)]
         return {"losses": (losses, want_losses), "diff": diff, "predicted": predicted,
-                "kinds": (kinds, dp_tp_kinds), "embed": (bool(_axes(plain.get("embed"))),)}
+                "kinds": (kinds, dp_tp_kinds)}
     seen = _observe(probe)
     losses, want = seen["losses"]
     if len(losses) != len(want):
@@ -367,9 +368,9 @@ def sharded_training(train, rules, uses_all_gather, case):
         _fail(f"the parameters differ from one device's by up to {seen['diff']:.1e}")
     (kinds, dp_tp_kinds), predicted = seen["kinds"], seen["predicted"]
     if "all-reduce" not in kinds:
-        _fail("your step has no all-reduce: is the batch split over 'data' and the model "
-              "over 'model'?")
-    for name, has, guess in (("your rules", "all-gather" in kinds, predicted[0]),
+        _fail("your step has no all-reduce: lay the model and the batch out with the rules "
+              "`train` is given")
+    for name, has, guess in (("fsdp+tp", "all-gather" in kinds, predicted[0]),
                              ("dp+tp", "all-gather" in dp_tp_kinds, predicted[1])):
         if has and not guess:
             _fail(f"{name}: the compiled step all-gathers (FSDP gathers each weight split "
