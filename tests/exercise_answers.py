@@ -295,6 +295,52 @@ def checkpoint_interval(save_seconds, device_mtbf_seconds, num_devices):
     return math.sqrt(2 * save_seconds * device_mtbf_seconds / num_devices)
 
 
+# ----- 12_capstone -----
+capstone_rules = {"batch": "data", "embed": "data",
+                  "heads": "model", "mlp": "model", "vocab": "model"}
+
+
+def _capstone_bytes(config, mesh_shape, rules, norms=True):
+    size = dict(zip(("data", "model"), mesh_shape))
+    V, T, d = (config[k] for k in ("vocab_size", "seq_len", "d_model"))
+    h, L = config["num_heads"], config["num_layers"]
+    arrays = [[(V, "vocab"), (d, "embed")], [(T, None), (d, "embed")],
+              [(d, "embed"), (V, "vocab")]] + [[(d, None)]] * (2 + 4 * L) * norms
+    for _ in range(L):
+        arrays += [[(d, "embed"), (h, "heads"), (d // h, None)]] * 3 + [
+            [(h, "heads"), (d // h, None), (d, "embed")],
+            [(d, "embed"), (4 * d, "mlp")], [(4 * d, "mlp"), (d, "embed")]]
+
+    def tile(n, name):
+        axes = rules.get(name) if name else None
+        axes = (axes,) if isinstance(axes, str) else axes or ()
+        return n // math.prod(size[a] for a in axes)
+    return 4 * 4 * sum(math.prod(tile(*dim) for dim in a) for a in arrays)
+
+
+def predict_bytes(config, mesh_shape, rules):
+    return _capstone_bytes(config, mesh_shape, rules)
+
+
+def capstone_train(model_fn, mesh, rules, batches, optimizer=None, text="compiled"):
+    from flax import nnx
+
+    import d2l_multi as d2l
+    model = d2l.create_sharded(model_fn, mesh, rules)
+    with d2l.use_sharding(mesh, rules):
+        opt = nnx.Optimizer(model, optimizer or optax.adam(1e-3), wrt=nnx.Param)
+        batches = [d2l.shard_tokens(X, Y, mesh, rules) for X, Y in batches]
+        lowered = d2l.lm_train_step.lower(model, opt, *batches[0])
+        step = lowered.compile()
+        losses = [float(step(model, opt, X, Y)) for X, Y in batches]
+    hlo = step.as_text() if text == "compiled" else lowered.as_text()
+    return losses, nnx.state(model, nnx.Param), hlo
+
+
+def uses_all_gather(rules):
+    return rules.get("embed") is not None
+
+
 REFERENCE = {
     "devices.mesh_layout": (place,),
     "lenet_from_scratch.cross_entropy": (cross_entropy,),
@@ -334,6 +380,10 @@ REFERENCE = {
     "input_pipelines.exact_resume": (save_position, resume),
     "multi_process.process_rows": (process_rows,),
     "failures.checkpoint_interval": (checkpoint_interval,),
+    # 12_capstone
+    "capstone.rules_2d": (capstone_rules,),
+    "capstone.memory_prediction": (predict_bytes,),
+    "capstone.sharded_training": (capstone_train, uses_all_gather),
 }
 
 
@@ -752,6 +802,29 @@ WRONG = {
     "failures.checkpoint_interval": [
         (((lambda c, mtbf, n: math.sqrt(2 * c * mtbf)),), "fails 1000 times as often"),
         (((lambda c, mtbf, n: math.sqrt(c * mtbf / n)),), "\u221a2 too small"),
+    ],
+    # 12_capstone
+    "capstone.rules_2d": [
+        ((dict(capstone_rules, embed=None),), "split only over 'model'"),
+        ((dict(capstone_rules, heads=None, mlp=None, vocab=None),), "not over 'model'"),
+        (({"batch": "data", "embed": "model", "heads": "data", "mlp": "data",
+           "vocab": "data"},), "the axes are swapped"),
+        (({"batch": "data", "embed": ("data", "model"), "heads": None, "mlp": None,
+           "vocab": None},), "FSDP over all 8 devices"),
+        ((dict(capstone_rules, embed="model"),), "two of them to one mesh axis"),
+    ],
+    "capstone.memory_prediction": [
+        (((lambda c, m, r: predict_bytes(c, m, r) // 2),), "Adam's two moments"),
+        (((lambda c, m, r: predict_bytes(c, (1, 1), r) // 8),), "divided everything by"),
+        (((lambda c, m, r: _capstone_bytes(c, m, r, norms=False)),), "LayerNorms"),
+        (((lambda c, m, r: predict_bytes(c, m, r) // 4),), "count the gradients"),
+    ],
+    "capstone.sharded_training": [
+        ((functools.partial(capstone_train, optimizer=optax.sgd(1e-3)), uses_all_gather),
+         "later ones differ"),
+        ((capstone_train, lambda rules: False), "you predicted it would not"),
+        ((functools.partial(capstone_train, text="lowered"), uses_all_gather),
+         "compiled step's HLO text"),
     ],
 }
 

@@ -24,7 +24,8 @@ MAIN_LINE = ["00_devices", "01_lenet_from_scratch", "02_allreduce",
              "09a_memory", "09b_remat", "09c_meshes_and_rules",
              "09d_fsdp_and_tensor_parallelism", "09e_pipeline_parallelism",
              "09f_overlapping_communication", "10a_checkpoints", "10b_input_pipelines",
-             "11a_multi_process", "11b_failures"]
+             "11a_multi_process", "11b_failures",
+             "12_capstone"]
 WRONG = [(name, i) for name, cases in answers.WRONG.items() for i in range(len(cases))]
 
 

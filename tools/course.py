@@ -41,6 +41,7 @@ SPLIT = {  # what suits class time and what homework, as the notebooks' authors 
     "08_ensembles": "home",
     "09a_memory": "the chart in class; the large models at home",
     "09b_remat": "class",
+    "12_capstone": "home, over a week; the answers discussed in class",
 }
 
 

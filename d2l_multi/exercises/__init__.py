@@ -51,6 +51,7 @@ CHECKS = {  # module (a notebook's name without its number): the checks of its e
     "input_pipelines": ["exact_resume"],
     "multi_process": ["process_rows"],
     "failures": ["checkpoint_interval"],
+    "capstone": ["rules_2d", "memory_prediction", "sharded_training"],
 }
 
 
