@@ -387,6 +387,49 @@ REFERENCE = {
 }
 
 
+# ----- other right answers: designs other than the reference's that must pass too -----
+
+def _zero1_adam_all_to_all(params, state, X, Y, loss_fn):
+    """Sums the gradients' row blocks with an all-to-all and a local sum: a reduce-scatter's
+    values and bytes."""
+    k, i = lax.axis_size("data"), lax.axis_index("data")
+    grads = [lax.all_to_all(g.reshape(k, len(g) // k, -1), "data", 0, 0).sum(0) / k
+             for g in jax.grad(loss_fn)(params, X, Y)]
+    rows = [lax.dynamic_slice_in_dim(w, i * len(g), len(g)) for w, g in zip(params, grads)]
+    updates, state = optax.adam(0.01).update(grads, state)
+    return [lax.all_gather(w + u, "data", tiled=True) for w, u in zip(rows, updates)], state
+
+
+def _zero1_adam_counting_devices(params, state, X, Y, loss_fn):
+    """k counted at run time: a scalar allreduce of 4 bytes."""
+    k, i = lax.psum(jnp.ones(()), "data"), lax.axis_index("data")
+    grads = [lax.psum_scatter(g, "data", tiled=True) / k
+             for g in jax.grad(loss_fn)(params, X, Y)]
+    rows = [lax.dynamic_slice_in_dim(w, i * len(g), len(g)) for w, g in zip(params, grads)]
+    updates, state = optax.adam(0.01).update(grads, state)
+    return [lax.all_gather(w + u, "data", tiled=True) for w, u in zip(rows, updates)], state
+
+
+def _sp_mlp_all_to_all(x, W1, W2):
+    k = lax.axis_size("model")
+    partial = jax.nn.gelu(lax.all_gather(x, "model", tiled=True) @ W1) @ W2
+    return lax.all_to_all(partial.reshape(k, -1, partial.shape[1]), "model", 0, 0).sum(0)
+
+
+def _sp_mlp_counting_devices(x, W1, W2):
+    k = lax.psum(jnp.ones(()), "model")  # a scalar allreduce
+    y = lax.psum_scatter(jax.nn.gelu(lax.all_gather(x, "model", tiled=True) @ W1) @ W2,
+                         "model", tiled=True)
+    return y / k * lax.axis_size("model")
+
+
+ALSO_RIGHT = {
+    "fsdp_and_tensor_parallelism.zero1_adam": [(_zero1_adam_all_to_all,),
+                                               (_zero1_adam_counting_devices,)],
+    "fsdp_and_tensor_parallelism.sp_mlp": [(_sp_mlp_all_to_all,), (_sp_mlp_counting_devices,)],
+}
+
+
 # ----- wrong answers: (answers, words of the hint) -----
 
 def _naive_cross_entropy(logits, y):
@@ -491,13 +534,20 @@ def _zero1_adam_with(mistake):
                 g = lax.dynamic_slice_in_dim(lax.psum(g, "data") / k, i * r, r)
             elif mistake == "whole":  # every device updates the whole parameter
                 g = lax.psum(g, "data") / k
+            elif mistake == "gathered grads":  # all gradients to every device, then rows
+                g = lax.dynamic_slice_in_dim(lax.all_gather(g, "data").sum(0) / k, i * r, r)
             else:
                 g = lax.psum_scatter(g, "data", tiled=mistake != "untiled")
-                g = g / (1 if mistake == "sum" else k)
+                g = g / {"sum": 1, "by 8": 8}.get(mistake, k)
             grads.append(g)
         rows = [w if mistake == "whole" else w[:len(w) // k] if mistake == "first rows"
                 else lax.dynamic_slice_in_dim(w, i * (len(w) // k), len(w) // k)
                 for w in params]
+        if mistake == "W2 first rows":
+            rows[1] = params[1][:len(params[1]) // k]
+        if mistake == "state split again":  # as if each device had the whole moments
+            state = jax.tree.map(lambda a: lax.dynamic_slice_in_dim(
+                a, i * (len(a) // k), len(a) // k) if a.ndim else a, state)
         updates, new_state = optax.adam(0.01).update(grads, state)
         if mistake == "gathered state":
             new_state = jax.tree.map(
@@ -512,6 +562,14 @@ def _zero1_adam_with(mistake):
 def _sp_mlp_with(mistake):
     """sp_mlp with one plausible mistake."""
     def mlp(x, W1, W2):
+        k, i = lax.axis_size("model"), lax.axis_index("model")
+        if mistake == "by 8":  # the number of devices of the notebook's mesh
+            x = lax.all_gather(x, "model").reshape(8 * x.shape[0], x.shape[1])
+            return lax.psum_scatter(jax.nn.gelu(x @ W1) @ W2, "model", tiled=True)
+        if mistake == "exact gelu":
+            x = lax.all_gather(x, "model", tiled=True)
+            hidden = jax.nn.gelu(x @ W1, approximate=False)
+            return lax.psum_scatter(hidden @ W2, "model", tiled=True)
         if mistake == "gathered weights":
             W1 = lax.all_gather(W1, "model", axis=1, tiled=True)
             return jax.nn.gelu(x @ W1) @ lax.all_gather(W2, "model", tiled=True)
@@ -520,10 +578,14 @@ def _sp_mlp_with(mistake):
         partial = jax.nn.gelu(x @ W1) @ W2
         if mistake in ("psum", "no gather"):
             return lax.psum(partial, "model")
+        mine = len(partial) // k
         if mistake == "psum then slice":
-            mine = len(partial) // lax.axis_size("model")
-            return lax.dynamic_slice_in_dim(lax.psum(partial, "model"),
-                                            lax.axis_index("model") * mine, mine)
+            return lax.dynamic_slice_in_dim(lax.psum(partial, "model"), i * mine, mine)
+        if mistake == "gathered partials":  # an allreduce by another route
+            total = lax.all_gather(partial, "model").sum(0)
+            return lax.dynamic_slice_in_dim(total, i * mine, mine)
+        if mistake == "no sum":  # its own tokens of its own partial sums
+            return lax.dynamic_slice_in_dim(partial, i * mine, mine)
         return lax.psum_scatter(partial, "model", tiled=True)
     return mlp
 
@@ -750,21 +812,29 @@ WRONG = {
     # 09d: ZeRO-1 with Adam, sequence parallelism
     "fsdp_and_tensor_parallelism.zero1_adam": [
         ((_zero1_adam_with("psum"),), "allreduces (lax.psum) the gradients"),
-        ((_zero1_adam_with("sum"),), "first moment is 8\u00d7 too large"),
+        ((_zero1_adam_with("sum"),), "first moment is 4\u00d7 too large"),
+        ((_zero1_adam_with("by 8"),), "divide by k = lax.axis_size('data'), not a number"),
+        ((_zero1_adam_with("gathered grads"),), "all-gathers whole gradients"),
         ((_zero1_adam_with("first rows"),), "holds old row block 0"),
+        ((_zero1_adam_with("W2 first rows"),), "rows i\u00b75 to (i+1)\u00b75 of W2"),
+        ((_zero1_adam_with("state split again"),), "already split by rows"),
         ((_zero1_adam_with("whole"),), "mixes whole parameters with the moments' rows"),
         ((_zero1_adam_with("gathered state"),), "a whole parameter's"),
         ((_zero1_adam_with("old state"),), "your state did not change"),
-        ((_zero1_adam_with("no gather"),), "returned only its 2 rows of W1"),
+        ((_zero1_adam_with("no gather"),), "returned only its 3 rows of W1"),
         ((_zero1_adam_with("untiled"),), "psum_scatter cannot split a gradient"),
     ],
     "fsdp_and_tensor_parallelism.sp_mlp": [
-        ((_sp_mlp_with("psum"),), "every device holds all 32 tokens"),
+        ((_sp_mlp_with("psum"),), "every device holds all 24 tokens"),
         ((_sp_mlp_with("psum then slice"),), "your program allreduces (lax.psum)"),
         ((_sp_mlp_with("no gather"),), "has no all-gather"),
         ((_sp_mlp_with("scatter without gather"),), "psum_scatter cannot split"),
         ((_sp_mlp_with("untiled gather"),), "tiled=False"),
         ((_sp_mlp_with("gathered weights"),), "gathering the weights is FSDP"),
+        ((_sp_mlp_with("gathered partials"),), "an allreduce's bytes by another route"),
+        ((_sp_mlp_with("no sum"),), "one all-gather and one reduce-scatter are needed"),
+        ((_sp_mlp_with("by 8"),), "not a number"),
+        ((_sp_mlp_with("exact gelu"),), "default tanh approximation"),
     ],
     "pipeline_parallelism.balanced_stages": [
         (((lambda costs, p: [len(costs) // p] * p),), "equal numbers of blocks"),
@@ -1075,9 +1145,9 @@ def _unequal_buckets(layer, params, X, Y, num_buckets):  # the last layers one b
     return grads
 
 
-ALSO_RIGHT = {"overlapping_communication.bucketed_allreduce": [
+ALSO_RIGHT["overlapping_communication.bucketed_allreduce"] = [
     (_flat_buckets,), (_vjp_per_bucket,), (_psum_then_divide,), (_jitted_layer,),
-    (_rematerialized_layer,), (_unequal_buckets,)]}
+    (_rematerialized_layer,), (_unequal_buckets,)]
 
 
 # ----- 09e_pipeline_parallelism: interleaved 1F1B -----

@@ -5,7 +5,7 @@ HIDDEN = {
     "fsdp_spec": ["forward"],
     "megatron_specs": ["forward"],
     # zero1_adam: (k devices, d, h): W1 is d x h, W2 h x d, both divisible by k
-    "zero1_adam": [(4, 12, 20), (8, 8, 24)],
+    "zero1_adam": [(8, 8, 24), (2, 8, 12)],
     # sp_mlp: (k devices, T tokens, d): T divisible by k
-    "sp_mlp": [(4, 24, 8), (2, 6, 12)],
+    "sp_mlp": [(8, 32, 16), (2, 6, 12)],
 }
