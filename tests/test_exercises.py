@@ -26,6 +26,8 @@ MAIN_LINE = ["00_devices", "01_lenet_from_scratch", "02_allreduce",
              "09f_overlapping_communication", "10a_checkpoints", "10b_input_pipelines",
              "11a_multi_process", "11b_failures"]
 WRONG = [(name, i) for name, cases in answers.WRONG.items() for i in range(len(cases))]
+ALSO_RIGHT = [(name, i) for name, given in answers.ALSO_RIGHT.items()
+              for i in range(len(given))]
 
 
 def check(name):
@@ -64,6 +66,16 @@ def test_every_check_has_hidden_cases_and_no_public_way_to_them():
         module, check_name = name.split(".")
         assert check_name in grading.hidden_cases(ROOT / "classroom", module), name
         assert "hidden" not in inspect.signature(check(name)).parameters
+
+
+@pytest.mark.parametrize("name,i", ALSO_RIGHT, ids=[f"{n}-{i}" for n, i in ALSO_RIGHT])
+def test_another_right_answer_passes(name, i):
+    """A right design other than the reference's passes too, public and hidden cases."""
+    given = answers.ALSO_RIGHT[name][i]
+    check(name)(*given)
+    recorded = _common._record(check(name), given, hidden(name))
+    ok, line = _common._replay(check(name), recorded, hidden(name))
+    assert ok, line
 
 
 @pytest.mark.parametrize("name,i", WRONG, ids=[f"{n}-{i}" for n, i in WRONG])

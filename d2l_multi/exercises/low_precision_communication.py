@@ -135,11 +135,23 @@ def bf16_gather(allreduce_bf16_gather, case):
               "lax.psum_scatter in float32 and lax.all_gather in bfloat16")
     scatter = [dtype for name, dtype, _ in used if name == "reduce_scatter"]
     gather = [dtype for name, dtype, _ in used if name.startswith("all_gather")]
-    if not scatter or not gather:
+    by_hand = [name for name, _, _ in used if name in ("ppermute", "all_to_all")]
+    if (not scatter or not gather) and not by_hand:
         _fail("use one lax.psum_scatter (the reduce-scatter) and one lax.all_gather")
+    if not (scatter and gather):  # a phase written by hand: its messages, in order
+        sent = [dtype for _, dtype, _ in used]
+        cut = sent.index("bfloat16") if "bfloat16" in sent else len(sent) - 1
+        scatter, gather = sent[:cut] or sent[:1], sent[cut:]
+        if "bfloat16" in gather[:1] and "float32" in gather:
+            _fail("you send float32 messages after bfloat16 ones: the reduce-scatter's "
+                  "running sums first, in float32, then the all-gather's finished sums, "
+                  "in bfloat16")
     if "bfloat16" in scatter and "float32" in gather:
         _fail("the wrong way round: the reduce-scatter's messages are running sums (keep "
               "them float32), the all-gather's finished sums (send them in bfloat16)")
+    if "bfloat16" in scatter:
+        _fail("your reduce-scatter sends bfloat16: its messages are running sums, which "
+              "lose precision at every hop; keep them float32")
     if "bfloat16" not in gather:
         _fail(f"your all-gather sends {gather[0]}: cast the finished chunk to bfloat16 "
               f"before gathering it")
