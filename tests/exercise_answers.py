@@ -518,6 +518,12 @@ WRONG = {
         (((lambda model, optimizer, X, y, m: _nnx_accumulation(model, optimizer, X, y, m,
                                                                "consecutive")),),
          "moves examples between devices"),
+        (((lambda model, optimizer, X, y, m: _nnx_accumulation(model, optimizer, X, y, m,
+                                                               "no optimizer")),),
+         "update through `optimizer.update(model, grads)`"),
+        (((lambda model, optimizer, X, y, m: _nnx_accumulation(model, optimizer, X, y, m,
+                                                               "no return")),),
+         "returned None: return the mean loss of the batch"),
     ],
     "batchnorm.batch_stats": [
         (((lambda x, axis_name: (x.mean(0), x.var(0))),), "its own 4 examples"),
@@ -693,9 +699,12 @@ def _nnx_accumulation(model, optimizer, X, y, m, mistake):
         scale = 1 if mistake == "sum" else m
         loss, grads = loss + loss_i / m, jax.tree.map(lambda a, b: a + b / scale, grads,
                                                       grads_i)
-    if mistake != "update each":
+    if mistake == "no optimizer":  # SGD by hand: the momentum and step count stay put
+        nnx.update(model, jax.tree.map(lambda p, g: p - 0.1 * g,
+                                       nnx.state(model, nnx.Param), grads))
+    elif mistake != "update each":
         optimizer.update(model, grads)
-    return loss
+    return None if mistake == "no return" else loss
 
 
 # Right answers of another design than the reference's: each passes, public and hidden cases.
