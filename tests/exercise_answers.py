@@ -590,6 +590,7 @@ WRONG = {
          "one rounding at the end"),
         (((lambda parts: ring_sum(parts) / len(parts)),), "too small"),
         (((lambda parts: ring_sum(parts[1:])),), "add each device's part once"),
+        (((lambda parts: _ring_sum_every_other_hop(parts)),), "before each hop"),
     ],
     "low_precision_communication.bf16_gather": [
         (((lambda x, axis_name: lax.psum(x, axis_name)),), "you psum in bfloat16"),
@@ -725,6 +726,23 @@ def _bf16_gather_by_all_to_all(x, axis_name):  # the reduce-scatter: all_to_all,
 ALSO_RIGHT["low_precision_communication.bf16_gather"] = [
     (_bf16_gather_by_ring,), (_bf16_gather_by_all_to_all,)]
 
+
+
+def _ring_sum_every_other_hop(parts):  # the running sum rounded at every second hop only
+    total = parts[0].astype(jnp.float32)
+    for i, p in enumerate(parts[1:]):
+        total = total + p
+        if i % 2:
+            total = total.astype(jnp.bfloat16).astype(jnp.float32)
+    return total.astype(jnp.bfloat16)
+
+
+def _ring_sum_unrounded_last_hop(parts):  # the finished sum is not sent: kept float32
+    return ring_sum(parts[:-1]).astype(jnp.float32) + parts[-1]
+
+
+ALSO_RIGHT["low_precision_communication.ring_sum"] = [
+    ((lambda parts: ring_sum(parts[::-1])),), (_ring_sum_unrounded_last_hop,)]
 
 # A starter as the student edition has it, for a function and for a value.
 def starter_function(*args, **kwargs):
