@@ -254,7 +254,9 @@ def _fsdp_target_wrong(shapes, mesh, mistake):
         sharding = {"saved specs": NamedSharding(mesh, x.sharding.spec),
                     "axis 0": NamedSharding(mesh, P("data") if x.ndim else P()),
                     "replicated": NamedSharding(mesh, P()),
-                    "saved mesh": x.sharding}[mistake]
+                    "saved mesh": x.sharding,
+                    "own mesh": NamedSharding(jax.sharding.Mesh(mesh.devices.reshape(-1),
+                                                                ("data",)), P())}[mistake]
         return jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=sharding)
     return jax.tree.map(place, shapes)
 
@@ -661,6 +663,9 @@ WRONG = {
          "split an axis of it that 8 divides"),
         (((lambda shapes, mesh: _fsdp_target_wrong(shapes, mesh, "saved mesh")),),
          "the mesh it was saved from"),
+        (((lambda shapes, mesh: _fsdp_target_wrong(shapes, mesh, "own mesh")),),
+         "a mesh {'data': 8} of 8 devices, not on the one you restore onto, "
+         "{'data': 8, 'model': 1}: build"),
         (((lambda shapes, mesh: jax.tree.map(lambda x: jnp.zeros(x.shape, x.dtype), shapes)),),
          "you returned arrays"),
     ],
