@@ -177,7 +177,8 @@ def _count_lost_wrong(params, grads, lr, dtype, mistake):
     u = -lr * g
     if mistake != "float32":
         p, u = p.astype(dtype), u.astype(dtype)
-    nonzero = {"float32": g != 0, "zeros": True, "underflow": u != 0}[mistake]
+    nonzero = {"float32": g != 0, "zeros": True, "underflow": u != 0,
+               "gradient cast": g.astype(dtype) != 0}[mistake]
     return int(jnp.sum((p + u == p) & nonzero))
 
 
@@ -585,6 +586,9 @@ WRONG = {
         (((lambda params, grads, lr, dtype: _count_lost_wrong(params, grads, lr, dtype,
                                                               "underflow")),),
          "missed the updates that underflow"),
+        (((lambda params, grads, lr, dtype: _count_lost_wrong(params, grads, lr, dtype,
+                                                              "gradient cast")),),
+         "test the float32 gradient for zero"),
     ],
     "low_precision_communication.ring_sum": [
         (((lambda parts: sum(p.astype(jnp.float32) for p in parts)),), "float32's"),
