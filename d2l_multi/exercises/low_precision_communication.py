@@ -53,7 +53,8 @@ def _off_ring(got, ring):
 def ring_sum(ring_sum, case):
     """``ring_sum(parts)``: the sum of ``parts`` (one bfloat16 array per device) as a ring
     makes it, passing a running sum from device to device: each hop adds its part in float32
-    and sends the sum on in bfloat16."""
+    and sends the sum on in bfloat16. Judged entry by entry against every ring through the
+    parts (each start, either direction), within one bfloat16 step."""
     seed, k = case
     parts = _parts(seed, k, 4096)
 
@@ -122,7 +123,8 @@ def _ring_bytes(name, dtype, size, k):
 def bf16_gather(allreduce_bf16_gather, case):
     """``allreduce_bf16_gather(x, axis_name)``, per device under ``shard_map``: the sum of
     every device's bfloat16 ``x``, by a reduce-scatter in float32, then an all-gather in
-    bfloat16."""
+    bfloat16. A phase written by hand (``lax.ppermute``, ``lax.all_to_all``) is judged by its
+    messages in program order: float32 running sums, then bfloat16 finished sums."""
     seed, k, n = case
     parts = _parts(seed, k, n)
 
