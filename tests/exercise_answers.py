@@ -178,7 +178,8 @@ def _count_lost_wrong(params, grads, lr, dtype, mistake):
     u = -lr * g
     if mistake != "float32":
         p, u = p.astype(dtype), u.astype(dtype)
-    nonzero = {"float32": g != 0, "zeros": True, "underflow": u != 0}[mistake]
+    nonzero = {"float32": g != 0, "zeros": True, "underflow": u != 0,
+               "gradient cast": g.astype(dtype) != 0}[mistake]
     return int(jnp.sum((p + u == p) & nonzero))
 
 
@@ -270,7 +271,9 @@ def _fsdp_target_wrong(shapes, mesh, mistake):
         sharding = {"saved specs": NamedSharding(mesh, x.sharding.spec),
                     "axis 0": NamedSharding(mesh, P("data") if x.ndim else P()),
                     "replicated": NamedSharding(mesh, P()),
-                    "saved mesh": x.sharding}[mistake]
+                    "saved mesh": x.sharding,
+                    "own mesh": NamedSharding(jax.sharding.Mesh(mesh.devices.reshape(-1),
+                                                                ("data",)), P())}[mistake]
         return jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=sharding)
     return jax.tree.map(place, shapes)
 
@@ -697,6 +700,12 @@ WRONG = {
         (((lambda model, optimizer, X, y, m: _nnx_accumulation(model, optimizer, X, y, m,
                                                                "consecutive")),),
          "moves examples between devices"),
+        (((lambda model, optimizer, X, y, m: _nnx_accumulation(model, optimizer, X, y, m,
+                                                               "no optimizer")),),
+         "update through `optimizer.update(model, grads)`"),
+        (((lambda model, optimizer, X, y, m: _nnx_accumulation(model, optimizer, X, y, m,
+                                                               "no return")),),
+         "returned None: return the mean loss of the batch"),
     ],
     "batchnorm.batch_stats": [
         (((lambda x, axis_name: (x.mean(0), x.var(0))),), "its own 4 examples"),
@@ -756,6 +765,9 @@ WRONG = {
         (((lambda params, grads, lr, dtype: _count_lost_wrong(params, grads, lr, dtype,
                                                               "underflow")),),
          "missed the updates that underflow"),
+        (((lambda params, grads, lr, dtype: _count_lost_wrong(params, grads, lr, dtype,
+                                                              "gradient cast")),),
+         "test the float32 gradient for zero"),
     ],
     "low_precision_communication.ring_sum": [
         (((lambda parts: sum(p.astype(jnp.float32) for p in parts)),), "float32's"),
@@ -763,6 +775,8 @@ WRONG = {
          "one rounding at the end"),
         (((lambda parts: ring_sum(parts) / len(parts)),), "too small"),
         (((lambda parts: ring_sum(parts[1:])),), "add each device's part once"),
+        (((lambda parts: _ring_sum_every_other_hop(parts)),),
+         "differ from a ring's by more than one bfloat16 rounding"),
     ],
     "low_precision_communication.bf16_gather": [
         (((lambda x, axis_name: lax.psum(x, axis_name)),), "you psum in bfloat16"),
@@ -773,6 +787,10 @@ WRONG = {
             tiled=True)),), "the wrong way round"),
         (((lambda x, axis_name: lax.psum_scatter(x.astype(jnp.float32), axis_name,
                                                  tiled=True)),), "one lax.all_gather"),
+        (((lambda x, axis_name: all_gather(reduce_scatter(x, axis_name), axis_name)),),
+         "your reduce-scatter sends bfloat16"),
+        (((lambda x, axis_name: all_gather(reduce_scatter(x.astype(jnp.float32), axis_name),
+                                           axis_name)),), "your all-gather sends float32"),
     ],
     "ensembles.ensemble_average": [
         (((lambda logits: jax.nn.softmax(logits.mean(axis=0))),), "softmax first"),
@@ -856,6 +874,9 @@ WRONG = {
          "split an axis of it that 8 divides"),
         (((lambda shapes, mesh: _fsdp_target_wrong(shapes, mesh, "saved mesh")),),
          "the mesh it was saved from"),
+        (((lambda shapes, mesh: _fsdp_target_wrong(shapes, mesh, "own mesh")),),
+         "a mesh {'data': 8} of 8 devices, not on the one you restore onto, "
+         "{'data': 8, 'model': 1}: build"),
         (((lambda shapes, mesh: jax.tree.map(lambda x: jnp.zeros(x.shape, x.dtype), shapes)),),
          "you returned arrays"),
     ],
@@ -918,10 +939,47 @@ def _nnx_accumulation(model, optimizer, X, y, m, mistake):
         scale = 1 if mistake == "sum" else m
         loss, grads = loss + loss_i / m, jax.tree.map(lambda a, b: a + b / scale, grads,
                                                       grads_i)
-    if mistake != "update each":
+    if mistake == "no optimizer":  # SGD by hand: the momentum and step count stay put
+        nnx.update(model, jax.tree.map(lambda p, g: p - 0.1 * g,
+                                       nnx.state(model, nnx.Param), grads))
+    elif mistake != "update each":
         optimizer.update(model, grads)
-    return loss
+    return None if mistake == "no return" else loss
 
+
+
+
+def _bf16_gather_by_ring(x, axis_name):  # 02's rings of lax.ppermute: float32, then bfloat16
+    chunk = reduce_scatter(x.astype(jnp.float32), axis_name)
+    return all_gather(chunk.astype(jnp.bfloat16), axis_name)
+
+
+def _bf16_gather_by_all_to_all(x, axis_name):  # the reduce-scatter: all_to_all, a local sum
+    k = lax.axis_size(axis_name)
+    blocks = lax.all_to_all(x.astype(jnp.float32).reshape(k, -1), axis_name, 0, 0)
+    return lax.all_gather(blocks.sum(0).astype(jnp.bfloat16), axis_name, tiled=True)
+
+
+ALSO_RIGHT["low_precision_communication.bf16_gather"] = [
+    (_bf16_gather_by_ring,), (_bf16_gather_by_all_to_all,)]
+
+
+
+def _ring_sum_every_other_hop(parts):  # the running sum rounded at every second hop only
+    total = parts[0].astype(jnp.float32)
+    for i, p in enumerate(parts[1:]):
+        total = total + p
+        if i % 2:
+            total = total.astype(jnp.bfloat16).astype(jnp.float32)
+    return total.astype(jnp.bfloat16)
+
+
+def _ring_sum_unrounded_last_hop(parts):  # the finished sum is not sent: kept float32
+    return ring_sum(parts[:-1]).astype(jnp.float32) + parts[-1]
+
+
+ALSO_RIGHT["low_precision_communication.ring_sum"] = [
+    ((lambda parts: ring_sum(parts[::-1])),), (_ring_sum_unrounded_last_hop,)]
 
 # A starter as the student edition has it, for a function and for a value.
 def starter_function(*args, **kwargs):

@@ -7,6 +7,8 @@ from ._common import _call, _close, _exercise, _fail, _mesh, _observe, _run
 # 10a: checkpoints
 
 _SAVED_SPECS = [(None, "model"), ("model",), ("model", None), ()]  # as LeNet's dense layers
+_SAVED_MESH = {"data": 2, "model": 4}
+_AXES = ("data", "model")
 
 
 def _mlp_problem(seed):
@@ -68,6 +70,7 @@ def _layout(x, struct, mesh, k):
         return {"kind": "struct", "sharding": None if sharding is None else "other"}
     spec, sizes = tuple(sharding.spec), dict(sharding.mesh.shape)
     seen = {"kind": "struct", "devices": int(sharding.mesh.devices.size),
+            "mesh": {str(n): int(v) for n, v in sharding.mesh.shape.items()},
             "on_mesh": dict(sharding.mesh.shape) == dict(mesh.shape) and bool(
                 np.all(sharding.mesh.devices == mesh.devices))}
     for axis, names in enumerate(spec):
@@ -84,8 +87,10 @@ def _layout(x, struct, mesh, k):
 def fsdp_restore(fsdp_target, case):
     """``fsdp_target(shapes, mesh)``: the restore target of a train state saved on a 2 x 4
     mesh, laid out over ``mesh`` so that every array with an axis that 'data' divides is
-    split over 'data' (at most 1/k of it per device); training on must repeat the
-    uninterrupted run."""
+    split over 'data' (at most 1/k of it per device). The check judges the target's layout
+    (a ShapeDtypeStruct on ``mesh`` per array, of the saved shape and dtype), then lays the
+    saved state out as the target says (``jax.device_put``) and trains on: the losses must
+    repeat the uninterrupted run's."""
     mesh_shape, seed = case
     params, batches = _mlp_problem(seed)
     k = mesh_shape[0]
@@ -97,7 +102,7 @@ def fsdp_restore(fsdp_target, case):
         from jax.sharding import NamedSharding
         from jax.sharding import PartitionSpec as P
         optimizer, step = _adam_step()
-        saved_mesh = _mesh((2, 4), ("data", "model"))
+        saved_mesh = _mesh(tuple(_SAVED_MESH.values()), _AXES)
         state = {"params": params, "opt_state": optimizer.init(params),
                  "step": jnp.zeros((), jnp.int32)}
         specs = [P(*s) for s in _SAVED_SPECS]
@@ -109,7 +114,7 @@ def fsdp_restore(fsdp_target, case):
         state, _ = _losses(state, step, batches[:2])  # trained, then saved
         shapes = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype,
                                                              sharding=x.sharding), state)
-        mesh = _mesh(mesh_shape, ("data", "model"))
+        mesh = _mesh(mesh_shape, _AXES)
         target = _call(fsdp_target, "fsdp_target", shapes, mesh)
         paths = [jax.tree_util.keystr(p) for p, _ in jax.tree_util.tree_leaves_with_path(state)]
         if jax.tree.structure(target) != jax.tree.structure(state):
@@ -142,9 +147,10 @@ def fsdp_restore(fsdp_target, case):
             _fail(f"{path} has no NamedSharding: give it NamedSharding(mesh, spec) on the new "
                   f"mesh")
         if not leaf["on_mesh"]:
-            _fail(f"{path} is laid out on a mesh of {leaf['devices']} devices, not the one "
-                  f"you restore onto (the mesh it was saved from?): build its sharding on "
-                  f"`mesh`")
+            saved = " (the mesh it was saved from?)" if leaf["mesh"] == _SAVED_MESH else ""
+            _fail(f"{path} is laid out on a mesh {leaf['mesh']} of {leaf['devices']} devices, "
+                  f"not on the one you restore onto, {dict(zip(_AXES, mesh_shape))}{saved}: "
+                  f"build its sharding on `mesh`")
         if "uneven" in leaf:
             _fail(f"{path}'s axis {leaf['uneven']} does not divide into {leaf['ways']} blocks: "
                   f"split an axis that the mesh axis divides, or replicate the array")
@@ -155,8 +161,8 @@ def fsdp_restore(fsdp_target, case):
                   f"axis of this mesh splits little or nothing)")
     _, want = _losses_one_device(params, batches)
     if not _close(seen["losses"], want[2:], rtol=1e-5, atol=1e-6):
-        _fail("training on from your restored state differs from the uninterrupted run: "
-              "restore every part of the state, Adam's moments and count included")
+        _fail("training on from the saved state laid out as your target says differs from "
+              "the uninterrupted run: give every array its saved shape and dtype")
 
 
 def _losses_one_device(params, batches):

@@ -1,4 +1,6 @@
 """The checks of the exercises of notebook 05a_flax."""
+import functools
+
 import numpy as np
 
 from ._common import (
@@ -12,6 +14,7 @@ from ._common import (
     _observe,
     _run,
     _scale,
+    _shown_name,
     _softmax_problem,
 )
 
@@ -44,6 +47,13 @@ def _params(model):
     return [np.asarray(a) for a in jax.tree.leaves(nnx.state(model, nnx.Param))]
 
 
+def _optimizer_state(optimizer):
+    """The optimizer's own state: its momentum and its step count."""
+    import jax
+    from flax import nnx
+    return [np.asarray(a) for a in jax.tree.leaves(nnx.state(optimizer))]
+
+
 def _mean_loss(model, X, y):
     import optax
     return optax.softmax_cross_entropy_with_integer_labels(model(X), y).mean()
@@ -72,13 +82,13 @@ def _reference(seed, X, y, m, mistake=None):
     if mistake is None:
         loss, grads = nnx.value_and_grad(_mean_loss)(model, X, y)
         optimizer.update(model, grads)
-        return _params(model), float(loss)
+        return _params(model), float(loss), _optimizer_state(optimizer)
     for i in range(m):  # an update per micro-batch, of consecutive or interleaved rows
         rows = slice(i * len(X) // m, (i + 1) * len(X) // m) if mistake == "consecutive" \
             else slice(i, None, m)
         optimizer.update(model, jax.tree.map(
             lambda g: g / m, nnx.grad(_mean_loss)(model, X[rows], y[rows])))
-    return _params(model), None
+    return _params(model), None, None
 
 
 @_exercise("05a_flax", cases=[(1, 4, 64)],
@@ -106,26 +116,43 @@ def nnx_accumulation(accumulated_step, case):
 
         def step(state, X, y):
             model, optimizer = nnx.merge(graphdef, state)
-            loss = _call(accumulated_step, "accumulated_step", model, optimizer, X, y, m)
+            loss = _call(written(model, optimizer), "accumulated_step", model, optimizer,
+                         X, y, m)
             return loss, nnx.state((model, optimizer))
+
+        def written(model, optimizer):  # a body that ran but returned nothing: say so
+            if not callable(accumulated_step):
+                return accumulated_step
+            before = jax.tree.leaves(nnx.state((model, optimizer)))
+
+            @functools.wraps(accumulated_step)
+            def ran(*args):
+                out = accumulated_step(*args)
+                after = jax.tree.leaves(nnx.state((model, optimizer)))
+                if out is None and any(a is not b for a, b in zip(before, after)):
+                    name = _shown_name(accumulated_step, "accumulated_step")
+                    _fail(f"`{name}` returned None: return the mean loss of the batch")
+                return out
+            return ran
         traced = _run(jax.jit(step).trace, state, *batch, name="accumulated_step")
         compiled = _run(lambda: traced.lower().compile(), name="accumulated_step")
         loss, state = _run(compiled, state, *batch, name="accumulated_step")
-        model, _ = nnx.merge(graphdef, state)
+        model, optimizer = nnx.merge(graphdef, state)
         hlo = compiled.as_text()
-        return {"params": _params(model), "loss": _number(loss, "accumulated_step"),
+        return {"params": _params(model), "optimizer": _optimizer_state(optimizer),
+                "loss": _number(loss, "accumulated_step"),
                 "largest": _largest_product(traced.jaxpr.jaxpr),
                 "moves": sorted(op for op in _MOVES if f" {op}(" in hlo
                                 or f" {op}-start(" in hlo)}
     seen = _observe(probe)
     before = _params(_model_and_optimizer(seed)[0])
-    want, loss = _reference(seed, X, y, m)
+    want, loss, optimized = _reference(seed, X, y, m)
     got = seen["params"]
     if len(got) != len(want) or not all(
             _close(a, b, rtol=1e-4, atol=1e-6) for a, b in zip(got, want)):
         if len(got) == len(want) and any(all(
                 _close(a, b, rtol=1e-4, atol=1e-6) for a, b in zip(got, per_micro))
-                for per_micro, _ in (_reference(seed, X, y, m, order)
+                for per_micro, _, _ in (_reference(seed, X, y, m, order)
                                      for order in ("consecutive", "interleaved"))):
             _fail("you updated after each micro-batch: add up the micro-batches' gradients "
                   "and call optimizer.update once")
@@ -138,6 +165,11 @@ def nnx_accumulation(accumulated_step, case):
                   "optimizer.update(model, grads)")
         _fail(f"your step differs from one step on the whole batch of {n}: every example "
               f"counts once, with weight 1/{n}")
+    got = seen["optimizer"]
+    if len(got) != len(optimized) or not all(
+            _close(a, b, rtol=1e-4, atol=1e-6) for a, b in zip(got, optimized)):
+        _fail("update through `optimizer.update(model, grads)`: your step leaves the "
+              "optimizer's state (momentum, step count) as it was")
     micro = n // m * 32  # the hidden layer's activations of one micro-batch
     if seen["largest"] > micro:
         _fail(f"your program computes {seen['largest']} activations at once where one "

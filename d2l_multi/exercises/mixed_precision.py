@@ -71,7 +71,9 @@ def _count_lost(params, grads, lr, dtype, mistake=None):
     dt = np.dtype(ml_dtypes.bfloat16) if dtype == "bfloat16" else np.dtype(dtype)
     p = np.concatenate([np.ravel(a) for a in params])
     g = np.concatenate([np.ravel(a) for a in grads])
-    u = (np.float32(-lr) * g).astype(np.float32)
+    if mistake == "gradient cast":  # small gradients round to 0 in dtype: not counted
+        g = g.astype(dt)
+    u = (np.float32(-lr) * g.astype(np.float32)).astype(np.float32)
     if mistake != "float32":
         p, u = p.astype(dt), u.astype(dt)
     same = (p + u).astype(p.dtype) == p
@@ -114,5 +116,9 @@ def lost_updates(count_lost, case):
             _fail(f"you missed the updates that underflow: lr \u00d7 g below {dtype}'s "
                   f"smallest number rounds to 0 and is lost too; test the gradient, not the "
                   f"rounded update, for zero")
+        if near(got, _count_lost(params, grads, lr, dtype, "gradient cast")):
+            _fail(f"you cast the gradient to {dtype} before testing it for zero: its "
+                  f"smallest entries round to 0 there and drop out of your count; test the "
+                  f"float32 gradient for zero")
         _fail(f"you count {got:g} lost updates in {dtype}, not {want}: a lost update is a "
               f"nonzero gradient whose weight w + (-lr \u00d7 g), in {dtype}, equals w")
