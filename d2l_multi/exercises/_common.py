@@ -274,6 +274,25 @@ class _Missing:
 
 # ----- running the student's code ----------------------------------------------------------
 
+def _sub_jaxprs(eqn):
+    """The jaxprs nested in ``eqn``: a scan's or a cond's body, a jitted call's, ..."""
+    found = []
+    for param in eqn.params.values():
+        for sub in param if isinstance(param, (list, tuple)) else [param]:
+            inner = getattr(sub, "jaxpr", sub)
+            if hasattr(inner, "eqns"):
+                found.append(inner)
+    return found
+
+
+def _equations(jaxpr):
+    """Every equation of ``jaxpr`` and of the jaxprs nested in it, in program order."""
+    for eqn in jaxpr.eqns:
+        yield eqn
+        for sub in _sub_jaxprs(eqn):
+            yield from _equations(sub)
+
+
 def _fail(why):
     raise _Problem(why)
 

@@ -3,7 +3,19 @@ import math
 
 import numpy as np
 
-from ._common import _call, _close, _exercise, _fail, _mesh, _observe, _Problem, _run, _shown_name
+from ._common import (
+    _call,
+    _close,
+    _equations,
+    _exercise,
+    _fail,
+    _mesh,
+    _observe,
+    _Problem,
+    _run,
+    _shown_name,
+    _sub_jaxprs,
+)
 
 # --------------------------------------------------------------------------------------------
 # 02: allreduce
@@ -12,16 +24,8 @@ _COLLECTIVES = {"psum", "all_gather", "reduce_scatter", "all_to_all", "pmax", "p
                 "psum_invariant", "pbroadcast", "all_gather_invariant", "psum_scatter"}
 
 
-def _primitives(jaxpr, found=None):
-    found = set() if found is None else found
-    for eqn in jaxpr.eqns:
-        found.add(eqn.primitive.name)
-        for param in eqn.params.values():
-            for sub in param if isinstance(param, (list, tuple)) else [param]:
-                inner = getattr(sub, "jaxpr", sub)
-                if hasattr(inner, "eqns"):
-                    _primitives(inner, found)
-    return found
+def _primitives(jaxpr):
+    return {eqn.primitive.name for eqn in _equations(jaxpr)}
 
 
 def _ppermutes(jaxpr):
@@ -31,12 +35,7 @@ def _ppermutes(jaxpr):
     for eqn in jaxpr.eqns:
         if eqn.primitive.name == "ppermute":
             count += 1
-        inner = []
-        for param in eqn.params.values():
-            for sub in param if isinstance(param, (list, tuple)) else [param]:
-                sub = getattr(sub, "jaxpr", sub)
-                if hasattr(sub, "eqns"):
-                    inner.append(_ppermutes(sub))
+        inner = [_ppermutes(sub) for sub in _sub_jaxprs(eqn)]
         if not inner:
             continue
         if None in inner or (eqn.primitive.name == "while" and any(inner)):

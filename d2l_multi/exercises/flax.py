@@ -6,6 +6,7 @@ import numpy as np
 from ._common import (
     _call,
     _close,
+    _equations,
     _exercise,
     _fail,
     _mesh,
@@ -59,18 +60,11 @@ def _mean_loss(model, X, y):
     return optax.softmax_cross_entropy_with_integer_labels(model(X), y).mean()
 
 
-def _largest_product(jaxpr, found=0):
+def _largest_product(jaxpr):
     """The most values any matrix product of the program makes at once (a scan's body
     counts once: its iterations run one after another)."""
-    for eqn in jaxpr.eqns:
-        if eqn.primitive.name == "dot_general":
-            found = max(found, int(np.prod(eqn.outvars[0].aval.shape)))
-        for param in eqn.params.values():
-            for sub in param if isinstance(param, (list, tuple)) else [param]:
-                inner = getattr(sub, "jaxpr", sub)
-                if hasattr(inner, "eqns"):
-                    found = _largest_product(inner, found)
-    return found
+    return max((int(np.prod(eqn.outvars[0].aval.shape)) for eqn in _equations(jaxpr)
+                if eqn.primitive.name == "dot_general"), default=0)
 
 
 def _reference(seed, X, y, m, mistake=None):

@@ -8,6 +8,7 @@ import numpy as np
 from ._common import (
     _call,
     _close,
+    _equations,
     _exercise,
     _fail,
     _mesh,
@@ -170,20 +171,11 @@ _COLLECTIVE_PRIMITIVES = {*_ALLREDUCES, *_GATHERS, "reduce_scatter", "all_to_all
                           "ppermute", "pmax", "pmin"}
 
 
-def _collectives(jaxpr, found=None):
+def _collectives(jaxpr):
     """Each collective a jaxpr runs (nested jaxprs included), in order: [primitive, the
     shapes of its operands]."""
-    found = [] if found is None else found
-    for eqn in jaxpr.eqns:
-        if eqn.primitive.name in _COLLECTIVE_PRIMITIVES:
-            found.append([eqn.primitive.name,
-                          [list(getattr(v.aval, "shape", ())) for v in eqn.invars]])
-        for param in eqn.params.values():
-            for sub in param if isinstance(param, (list, tuple)) else [param]:
-                inner = getattr(sub, "jaxpr", sub)
-                if hasattr(inner, "eqns"):
-                    _collectives(inner, found)
-    return found
+    return [[eqn.primitive.name, [list(getattr(v.aval, "shape", ())) for v in eqn.invars]]
+            for eqn in _equations(jaxpr) if eqn.primitive.name in _COLLECTIVE_PRIMITIVES]
 
 
 def _allreduces(collectives):

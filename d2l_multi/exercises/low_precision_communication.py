@@ -1,7 +1,7 @@
 """The checks of the exercises of notebook 07d_low_precision_communication."""
 import numpy as np
 
-from ._common import _call, _exercise, _fail, _mesh, _observe, _run
+from ._common import _call, _equations, _exercise, _fail, _mesh, _observe, _run
 
 # --------------------------------------------------------------------------------------------
 # 07d: low-precision communication
@@ -92,20 +92,11 @@ _COLLECTIVES = ("psum", "psum_invariant", "reduce_scatter", "all_gather",
                 "all_gather_invariant", "ppermute", "all_to_all")
 
 
-def _collectives(jaxpr, found=None):
+def _collectives(jaxpr):
     """Each collective of the program: (primitive, dtype of its operand, its local size)."""
-    found = [] if found is None else found
-    for eqn in jaxpr.eqns:
-        if eqn.primitive.name in _COLLECTIVES:
-            for var in eqn.invars:
-                aval = var.aval
-                found.append((eqn.primitive.name, str(aval.dtype), int(np.prod(aval.shape))))
-        for param in eqn.params.values():
-            for sub in param if isinstance(param, (list, tuple)) else [param]:
-                inner = getattr(sub, "jaxpr", sub)
-                if hasattr(inner, "eqns"):
-                    _collectives(inner, found)
-    return found
+    return [(eqn.primitive.name, str(v.aval.dtype), int(np.prod(v.aval.shape)))
+            for eqn in _equations(jaxpr) if eqn.primitive.name in _COLLECTIVES
+            for v in eqn.invars]
 
 
 def _ring_bytes(name, dtype, size, k):

@@ -1,7 +1,19 @@
 """The checks of the exercises of notebook 09f_overlapping_communication."""
 import numpy as np
 
-from ._common import _call, _close, _exercise, _fail, _mesh, _near, _number, _observe, _run, _scale
+from ._common import (
+    _call,
+    _close,
+    _exercise,
+    _fail,
+    _mesh,
+    _near,
+    _number,
+    _observe,
+    _run,
+    _scale,
+    _sub_jaxprs,
+)
 
 # --------------------------------------------------------------------------------------------
 # 09f: overlapping communication
@@ -63,16 +75,6 @@ def _residual_layer(W, x):
 
 
 _LAYERS = {"tanh": _tanh_layer, "residual": _residual_layer}
-
-
-def _sub_jaxprs(eqn):
-    found = []
-    for param in eqn.params.values():
-        for sub in param if isinstance(param, (list, tuple)) else [param]:
-            inner = getattr(sub, "jaxpr", sub)
-            if hasattr(inner, "eqns"):
-                found.append(inner)
-    return found
 
 
 def _names(jaxpr, found):
