@@ -388,7 +388,9 @@ def _check_room(directory, step, state):
 
 def wait_for_saves(manager: ocp.CheckpointManager) -> None:
     """Wait until ``manager``'s background saves are written. A failed save raises OSError
-    naming the folder, the cause and the free space, instead of Orbax's error."""
+    naming the folder, the cause and the free space, instead of Orbax's error; the quiet of
+    its saves then lasts until the manager is closed, as Orbax's threads may still report
+    that failure after the wait."""
     try:
         manager.wait_until_finished()
     except Exception as e:
@@ -399,8 +401,7 @@ def wait_for_saves(manager: ocp.CheckpointManager) -> None:
         raise PathError(f"saving a checkpoint into {directory} failed ({why}); its disk has "
                         f"{free:,} bytes free. Free some space, or pass a shorter path to a "
                         f"folder you can write to") from e
-    finally:
-        _saves_waited(manager)
+    _saves_waited(manager)
 
 
 def _by_path(tree):
