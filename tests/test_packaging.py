@@ -231,3 +231,19 @@ def test_a_file_that_is_not_a_notebook_is_named(tmp_path):
     (tmp_path / "a.ipynb").write_text("{}")
     with pytest.raises(InputError, match=r"a\.ipynb is not a notebook"):
         book.check_links(tmp_path, [tmp_path / "a.ipynb"])
+
+
+@pytest.mark.slow
+def test_a_test_that_hangs_fails_with_its_name_and_the_run_goes_on(tmp_path):
+    """pyproject.toml's per-test timeout ends a test blocked outside Python (a wait XLA or a
+    lock never ends) in its xdist worker; the run names it and goes on with the others."""
+    (tmp_path / "test_hang.py").write_text(
+        "import threading\n\n\ndef test_hangs():\n    threading.Event().wait()\n\n\n"
+        "def test_after():\n    pass\n")
+    result = subprocess.run(
+        [sys.executable, "-m", "pytest", "-c", ROOT / "pyproject.toml", "--rootdir", tmp_path,
+         "-o", "timeout=5", "-n", "1", tmp_path / "test_hang.py"],
+        capture_output=True, text=True, timeout=300, cwd=tmp_path)
+    assert result.returncode == 1, result.stdout[-2000:]
+    assert "crashed while running 'test_hang.py::test_hangs'" in result.stdout
+    assert "1 failed, 1 passed" in result.stdout
