@@ -402,3 +402,31 @@ def test_lms_downloads_and_symbolic_links_map_to_students(tmp_path):
                      ("Carol_Diaz", "practice", ""), ("outside", "practice", ""),
                      ("dave", None, "a symbolic link"),
                      ("erin", None, "not a readable notebook (JSONDecodeError)")}
+
+
+@pytest.mark.parametrize("name", ["capstone.rules_2d", "fsdp_and_tensor_parallelism.sp_mlp"])
+def test_a_check_that_calls_the_library_is_graded(name, tmp_path, monkeypatch):
+    """A test cell's hidden part (the grader's copy of the checks, run where the student's code
+    ran) records the reference answer, and the judge (another copy, in the grader's process)
+    passes it on the public and the hidden cases: checks that call the library load and run
+    both ways."""
+    import exercise_answers as answers
+    import IPython.display
+
+    from d2l_multi.commands import grading
+    module, check_name = name.split(".")
+    course = tmp_path / "course"
+    course.mkdir()
+    grading.install_grader(course)
+    published = []
+    monkeypatch.setattr(IPython.display, "publish_display_data",
+                        lambda data, *args, **kwargs: published.append(data))
+    given = answers.REFERENCE[name]
+    names = [f"answer{i}" for i in range(len(given))]
+    user = dict(zip(names, given))
+    exec(grading.payload(course, module, check_name, names, "check", "t0"), user)
+    records = [data[grading.MIME] for data in published]
+    public, hidden, detail = grading.judge(course, records, (module, check_name, names, 1, 1),
+                                           "t0")
+    assert public and hidden, detail
+    assert detail.startswith(f"PASS {check_name}")

@@ -1,12 +1,14 @@
 """The self-checking exercises (d2l_multi/exercises/): every reference solution passes its
 check, public and hidden cases; every plausible wrong answer fails with the hint meant for it;
 a starter fails with one line, never a traceback; and every main-line notebook has a check."""
+import ast
 import inspect
 import json
 import pathlib
 import re
 import subprocess
 import sys
+import types
 
 import exercise_answers as answers
 import pytest
@@ -70,6 +72,59 @@ def test_another_right_answer_passes(name, i):
     recorded = _common._record(check(name), given, hidden(name))
     ok, line = _common._replay(check(name), recorded, hidden(name))
     assert ok, line
+
+
+def test_an_answer_cannot_change_what_the_grader_compares_it_with(monkeypatch):
+    """The one-device steps a sharded run must equal are computed where the check judges
+    (when grading, the grader's process): an answer that replaces them in its own process
+    with its own results still fails its hidden case."""
+    import numpy as np
+    import optax
+
+    from d2l_multi.exercises import capstone
+    name, out = "capstone.sharded_training", {}
+
+    def train(*args):  # Adam replaced by SGD (a wrong answer) ...
+        out["run"] = answers.capstone_train(*args, optimizer=optax.sgd(1e-3))
+        return out["run"]
+
+    def own_results(*args):  # ... and the reference by its own results
+        losses, params, _ = out["run"]
+        return [float(x) for x in losses], {
+            k: np.asarray(v) for k, v in capstone._flat(params).items()}
+    with monkeypatch.context() as m:
+        m.setattr(capstone, "_one_device_losses", own_results)
+        recorded = _common._record(check(name), (train, answers.uses_all_gather),
+                                   hidden(name))
+    ok, line = _common._replay(check(name), recorded, hidden(name))
+    assert not ok and "later ones differ" in line, line
+
+
+@pytest.mark.parametrize("module", sorted(exercises.CHECKS))
+def test_a_check_module_loads_as_the_grader_loads_it(module):
+    """The grader's test cell loads a check module and ``_common`` alone, as modules of a
+    package of its own (grading.RUNNER): a check imports the library by its absolute name
+    and no sibling module but ``_common``, or it fails only when graded."""
+    source = (ROOT / "d2l_multi" / "exercises" / f"{module}.py").read_text()
+    relative = sorted({node.module or "." for node in ast.walk(ast.parse(source))
+                       if isinstance(node, ast.ImportFrom) and node.level
+                       and not (node.level == 1 and node.module == "_common")})
+    assert not relative, f"{module}.py imports {relative} relatively"
+    package = types.ModuleType("_d2l_grader_test")
+    package.__path__ = []
+    loaded = {}
+    try:
+        sys.modules[package.__name__] = package
+        for name in ("_common", module):
+            mod = types.ModuleType(f"{package.__name__}.{name}")
+            mod.__package__ = package.__name__
+            sys.modules[mod.__name__] = loaded[name] = mod
+            path = ROOT / "d2l_multi" / "exercises" / f"{name}.py"
+            exec(compile(path.read_text(), "<grader>", "exec"), mod.__dict__)
+    finally:
+        for name in [n for n in sys.modules if n.split(".")[0] == package.__name__]:
+            del sys.modules[name]
+    assert set(exercises.CHECKS[module]) <= set(vars(loaded[module]))
 
 
 def test_every_check_has_hidden_cases_and_no_public_way_to_them():

@@ -272,6 +272,23 @@ class _Missing:
         self.__name__ = name
 
 
+def _plain_rules(rules):
+    """``rules`` (logical axis -> mesh axis name, tuple of names or None) as a plain dict;
+    shared by the checks of 09c and 12."""
+    rules = _value(rules, "rules")
+    if not isinstance(rules, dict):
+        _fail(f"`rules` should be a dict from logical axis to mesh axis, got "
+              f"{type(rules).__name__}")
+    out = {}
+    for axis, value in rules.items():
+        names = value if isinstance(value, (tuple, list)) else [value]
+        if not all(v is None or isinstance(v, str) for v in names):
+            _fail(f"'{axis}' maps to {value!r}: map each logical axis to a mesh axis name, a "
+                  f"tuple of names, or None")
+        out[str(axis)] = tuple(value) if isinstance(value, (tuple, list)) else value
+    return out
+
+
 # ----- running the student's code ----------------------------------------------------------
 
 def _sub_jaxprs(eqn):

@@ -250,8 +250,8 @@ def _zero1_probe(zero1_adam, k, params, X, Y):
     import optax
     from jax.sharding import PartitionSpec as P
 
-    from ..hlo import collective_ops
-    from ..matmul import ring_bytes
+    from d2l_multi.hlo import collective_ops
+    from d2l_multi.matmul import ring_bytes
     mesh = _mesh((k,), ("data",))
     state = optax.adam(_LR).init([jnp.asarray(w) for w in params])
     specs = jax.tree.map(lambda a: P("data") if jnp.ndim(a) else P(), state)
@@ -443,7 +443,7 @@ def _sp_probe(sp_mlp, k, x, W1, W2, cotangent):
     from jax.sharding import NamedSharding
     from jax.sharding import PartitionSpec as P
 
-    from ..hlo import collective_ops
+    from d2l_multi.hlo import collective_ops
     mesh = _mesh((k,), ("model",))
     specs = (P("model"), P(None, "model"), P("model"))
     f = jax.shard_map(lambda x, W1, W2: _call(sp_mlp, "sp_mlp", x, W1, W2), mesh=mesh,

@@ -1,25 +1,11 @@
 """The checks of the exercises of notebook 09c_meshes_and_rules."""
-from ._common import _exercise, _fail, _observe, _value
+from ._common import _exercise, _fail, _observe, _plain_rules
 
 # --------------------------------------------------------------------------------------------
 # 09b: Transformer and meshes
 
 _LOGICAL = ("batch", "embed", "heads", "mlp", "vocab")
 
-
-def _plain_rules(rules):
-    rules = _value(rules, "rules")
-    if not isinstance(rules, dict):
-        _fail(f"`rules` should be a dict from logical axis to mesh axis, got "
-              f"{type(rules).__name__}")
-    out = {}
-    for axis, value in rules.items():
-        names = value if isinstance(value, (tuple, list)) else [value]
-        if not all(v is None or isinstance(v, str) for v in names):
-            _fail(f"'{axis}' maps to {value!r}: map each logical axis to a mesh axis name, a "
-                  f"tuple of names, or None")
-        out[str(axis)] = tuple(value) if isinstance(value, (tuple, list)) else value
-    return out
 
 
 @_exercise("09c_meshes_and_rules", cases=["rules"],
