@@ -15,9 +15,11 @@
   (tests/kernel_watchdog.py), instead of waiting out the cell timeout; and the notebook
   client sends nothing on the shell channel while it waits for a reply there, as in the book
   build (``d2l_multi.commands.book.keep_widget_output_in_cells``).
-* The test processes, the notebook kernels and the programs the tests start share one JAX
-  persistent compilation cache for the run, so a program several notebooks and tests compile
-  alike, such as LeNet's data-parallel step, is compiled once.
+* Each test process (one per pytest-xdist worker), with the notebook kernels and programs
+  its tests start, has a JAX persistent compilation cache for the run, so a program several
+  notebooks and tests compile alike, such as LeNet's data-parallel step, is compiled once per
+  worker. Not one for all: JAX writes an entry in place, without a lock, so a process could
+  read another's half-written entry, and JAX then prints an error to stderr, which tests read.
 
 Everything is removed at the end of the run.
 """
@@ -46,8 +48,10 @@ os.environ["PYTHONPATH"] = os.pathsep.join(
     [str(SANDBOX)] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p])
 os.environ.setdefault("MPLBACKEND", "Agg")
 os.environ.setdefault("KERAS_BACKEND", "jax")
-if "JAX_COMPILATION_CACHE_DIR" not in os.environ:  # set before JAX starts; workers inherit it
+# Set before JAX starts. An xdist worker inherits the main process's folder and takes its own.
+if "JAX_COMPILATION_CACHE_DIR" not in os.environ or "D2L_MULTI_TESTS_JAX_CACHE" in os.environ:
     os.environ["JAX_COMPILATION_CACHE_DIR"] = str(_root / "jax_cache")
+    os.environ["D2L_MULTI_TESTS_JAX_CACHE"] = "1"  # this folder is the tests', not a reader's
     os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")
     os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES", "-1")
 

@@ -8,7 +8,6 @@ import pathlib
 import re
 import subprocess
 import sys
-import types
 
 import exercise_answers as answers
 import pytest
@@ -103,27 +102,20 @@ def test_an_answer_cannot_change_what_the_grader_compares_it_with(monkeypatch):
 @pytest.mark.parametrize("module", sorted(exercises.CHECKS))
 def test_a_check_module_loads_as_the_grader_loads_it(module):
     """The grader's test cell loads a check module and ``_common`` alone, as modules of a
-    package of its own (grading.RUNNER): a check imports the library by its absolute name
-    and no sibling module but ``_common``, or it fails only when graded."""
+    package of its own (grading.load_check_sources, the code RUNNER runs): a check imports the
+    library by its absolute name and no sibling module but ``_common``, or it fails only
+    when graded."""
     source = (ROOT / "d2l_multi" / "exercises" / f"{module}.py").read_text()
     relative = sorted({node.module or "." for node in ast.walk(ast.parse(source))
                        if isinstance(node, ast.ImportFrom) and node.level
                        and not (node.level == 1 and node.module == "_common")})
     assert not relative, f"{module}.py imports {relative} relatively"
-    package = types.ModuleType("_d2l_grader_test")
-    package.__path__ = []
-    loaded = {}
+    folder = ROOT / "d2l_multi" / "exercises"
     try:
-        sys.modules[package.__name__] = package
-        for name in ("_common", module):
-            mod = types.ModuleType(f"{package.__name__}.{name}")
-            mod.__package__ = package.__name__
-            sys.modules[mod.__name__] = loaded[name] = mod
-            path = ROOT / "d2l_multi" / "exercises" / f"{name}.py"
-            exec(compile(path.read_text(), "<grader>", "exec"), mod.__dict__)
+        sources = {name: (folder / f"{name}.py").read_text() for name in ("_common", module)}
+        loaded = grading.load_check_sources(sources, "_d2l_grader_test")
     finally:
-        for name in [n for n in sys.modules if n.split(".")[0] == package.__name__]:
-            del sys.modules[name]
+        grading.unload_checks("_d2l_grader_test")
     assert set(exercises.CHECKS[module]) <= set(vars(loaded[module]))
 
 

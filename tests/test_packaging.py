@@ -247,3 +247,24 @@ def test_a_test_that_hangs_fails_with_its_name_and_the_run_goes_on(tmp_path):
     assert result.returncode == 1, result.stdout[-2000:]
     assert "crashed while running 'test_hang.py::test_hangs'" in result.stdout
     assert "1 failed, 1 passed" in result.stdout
+
+
+@pytest.mark.slow
+def test_each_test_process_has_a_compilation_cache_of_its_own(tmp_path):
+    """JAX writes a cache entry in place, unlocked: in a folder two xdist workers (and the
+    programs their tests start) shared, one could read the other's half-written entry and
+    print an error that a test reading stderr counts. Each worker has its own."""
+    (tmp_path / "test_cache.py").write_text(
+        "import os, pathlib\n\n\ndef test_record():\n"
+        "    pathlib.Path(os.environ['PYTEST_XDIST_WORKER']).write_text(\n"
+        "        os.environ['JAX_COMPILATION_CACHE_DIR'])\n")
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT / "tests"), str(ROOT)])}
+    for name in ("D2L_MULTI_TESTS_JAX_CACHE", "JAX_COMPILATION_CACHE_DIR"):  # a fresh run
+        env.pop(name, None)
+    result = subprocess.run(
+        [sys.executable, "-m", "pytest", "-c", ROOT / "pyproject.toml", "--rootdir", tmp_path,
+         "-p", "conftest", "-n", "2", "--dist", "each", tmp_path / "test_cache.py"],
+        capture_output=True, text=True, timeout=300, cwd=tmp_path, env=env)
+    assert result.returncode == 0, result.stdout[-2000:]
+    folders = [(tmp_path / worker).read_text() for worker in ("gw0", "gw1")]
+    assert folders[0] != folders[1], folders

@@ -15,6 +15,7 @@ import ast
 import base64
 import csv
 import importlib.util
+import inspect
 import json
 import os
 import pathlib
@@ -45,24 +46,40 @@ MIME = "application/vnd.d2l-multi.observations+json"
 COLUMNS = ["student", "notebook", "exercise", "check", "public", "hidden", "score",
            "max_score", "outcome", "detail", "seconds"]
 
+def load_check_sources(sources, package="_d2l_grader"):
+    """Load check modules from their ``sources`` ({name: source}, ``_common`` first) as
+    modules of ``package``, a package of their own, and return {name: module}. The hidden part
+    of a test cell runs this very code (RUNNER), so a check that imports a sibling module
+    other than ``_common`` or the library relatively fails here as it fails when graded."""
+    import sys
+    import types
+    sys.modules[package] = types.ModuleType(package)
+    sys.modules[package].__path__ = []
+    loaded = {}
+    for name, source in sources.items():
+        module = types.ModuleType(f"{package}.{name}")
+        module.__package__ = package
+        sys.modules[module.__name__] = loaded[name] = module
+        exec(compile(source, "<grader>", "exec"), module.__dict__)
+    return loaded
+
+
+def unload_checks(package="_d2l_grader"):
+    """Forget the modules ``load_check_sources`` loaded into ``package``."""
+    import sys
+    for name in [n for n in sys.modules if n.split(".")[0] == package]:
+        del sys.modules[name]
+
+
 # The hidden part of a test cell: load the grader's copy of the checks as modules of their
 # own (never through names the student's code could have replaced), record, publish.
-RUNNER = """\
-import sys as _sys, types as _types
-_pkg = _types.ModuleType("_d2l_grader")
-_pkg.__path__ = []
-_sys.modules["_d2l_grader"] = _pkg
+RUNNER = inspect.getsource(load_check_sources) + inspect.getsource(unload_checks) + """
 try:
-    for _name in ("_common", MODULE):
-        _mod = _types.ModuleType("_d2l_grader." + _name)
-        _mod.__package__ = "_d2l_grader"
-        _sys.modules[_mod.__name__] = _mod
-        exec(compile(SOURCES[_name], "<grader>", "exec"), _mod.__dict__)
-    _sys.modules["_d2l_grader._common"]._grade_cell(
-        USER, getattr(_mod, CHECK), MODULE, ANSWERS, HIDDEN, ALIAS, TOKEN)
+    _checks = load_check_sources(SOURCES)
+    _checks["_common"]._grade_cell(
+        USER, getattr(_checks[MODULE], CHECK), MODULE, ANSWERS, HIDDEN, ALIAS, TOKEN)
 finally:
-    for _name in [n for n in _sys.modules if n.split(".")[0] == "_d2l_grader"]:
-        del _sys.modules[_name]
+    unload_checks()
 """
 
 
