@@ -913,6 +913,123 @@ def sharded_matmul_cases():
 
 FIGURES += [sharded_matmul_cases]
 
+
+def mesh_2d_layout():
+    """The capstone's layout on a 2 x 4 ('data', 'model') mesh: the MLP's first kernel,
+    named ('embed', 'mlp'), in 2 x 4 tiles (FSDP over 'data', Megatron over 'model') and the
+    batch in 2 halves over 'data'; one colour per row of the mesh."""
+    fig, ax = canvas(9.0, 2.95)
+    y0, h = 0.75, 0.62                 # the bottom of the three drawings, a row's height
+    # the mesh: device ids, row-major
+    ax.text(1.8, 2.72, "the mesh: 2 × 4 devices", ha="center", size=10, weight="bold")
+    for r in range(2):
+        for c in range(4):
+            box(ax, 0.55 + c * 0.65, y0 + (1 - r) * 0.72 + 0.06, 0.5, 0.5, f"{4 * r + c}",
+                face=LIGHT[r], size=10)
+    ax.text(1.8, 2.38, "'model' (4)", ha="center", size=9)
+    arrow(ax, (0.55, 2.25), (3.05, 2.25), lw=0.9)
+    ax.text(0.2, y0 + 0.67, "'data' (2)", rotation=90, ha="center", va="center", size=9)
+    arrow(ax, (0.38, y0 + 1.4), (0.38, y0 - 0.05), lw=0.9)
+    ax.text(1.8, 0.35, "device 4i + j: row i, column j", ha="center", size=8, color="#555555")
+    # the MLP's first kernel W (d, 4d): rows over 'data', columns over 'model'
+    x0, w = 3.95, 0.6
+    ax.text(x0 + 2 * w, 2.72, "first MLP kernel W, (d, 4d)", ha="center", size=10, weight="bold")
+    for r in range(2):
+        for c in range(4):
+            box(ax, x0 + c * w, y0 + (1 - r) * h, w, h, f"{4 * r + c}", face=LIGHT[r],
+                size=10, style="square,pad=0.0", lw=0.8)
+    ax.text(x0 + 2 * w, 2.38, "columns over 'model' (Megatron)", ha="center", size=9)
+    ax.text(x0 - 0.25, y0 + h, "rows over 'data'\n(FSDP)", rotation=90, ha="center",
+            va="center", size=9)
+    ax.text(x0 + 2 * w, 0.35, "a tile (d/2, d) per device: an eighth", ha="center", size=8,
+            color="#555555")
+    # the batch of sequences (B, T): two halves over 'data'
+    x0, w = 7.2, 1.4
+    ax.text(x0 + w / 2, 2.72, "batch, (B, T)", ha="center", size=10, weight="bold")
+    for r in range(2):
+        box(ax, x0, y0 + (1 - r) * h, w, h, f"B/2 sequences\ndevices {4 * r}-{4 * r + 3}",
+            face=LIGHT[r], size=8.5, style="square,pad=0.0", lw=0.8)
+    ax.text(x0 + w / 2, 2.38, "T characters each", ha="center", size=9)
+    ax.text(x0 - 0.25, y0 + h, "rows over 'data'", rotation=90, ha="center", va="center",
+            size=9)
+    ax.text(x0 + w / 2, 0.35, "a half per row of the mesh", ha="center", size=8,
+            color="#555555")
+    save(fig, "mesh_2d_layout")
+
+
+FIGURES += [mesh_2d_layout]
+
+
+def im2col():
+    """Appendix A1: a 'valid' convolution with a 3 x 3 kernel as one matrix product. The
+    9 slices X[:, i:i+oh, j:j+ow, :], stacked along the channels in the order (i, j), are
+    the patches; the kernel (s, s, C_in, C_out) reshaped has its rows in the same order."""
+    s, n = 3, 5                                   # kernel size; H = W = 5, so oh = ow = 3
+    faces = LIGHT + ["#DCD0EA", "#E9DAC6", "#F6D3E8", "#CBE7E7", "#FFF2CC"]   # one per slice
+    cin, cout = r"$C_\mathrm{in}$", r"$C_\mathrm{out}$"
+    fig, ax = canvas(8.2, 3.5)
+    top, below, mid = 3.22, 0.5, 1.75             # the baselines of the labels, the middle
+
+    def grid(x, y, cell, window=None, face=None):
+        """An n x n map of pixels from (x, y) up; window (i, j) fills an oh x ow slice."""
+        if window:
+            i, j = window
+            box(ax, x + j * cell, y + (s - 1 - i) * cell, (n - s + 1) * cell,
+                (n - s + 1) * cell, face=face, edge="none", style="square,pad=0.0")
+        xs, ys = [], []
+        for k in range(n + 1):                    # the borders of the pixels, one path
+            xs += [x, x + n * cell, None, x + k * cell, x + k * cell, None]
+            ys += [y + k * cell, y + k * cell, None, y, y + n * cell, None]
+        ax.plot(xs, ys, color=INK, lw=0.4)
+
+    grid(0.2, mid - 0.6, 0.24)                    # the input
+    ax.text(0.8, top, "input X", ha="center", size=9, weight="bold")
+    ax.text(0.8, below, "(B, H, W, " + cin + ")", ha="center", size=8, color="#555555")
+    arrow(ax, (1.5, mid), (1.85, mid))
+    x0, y0, cell, step = 2.2, mid - 0.83, 0.1, 0.58   # the 9 slices, one thumbnail each
+    for i in range(s):
+        ax.text(x0 - 0.08, y0 + (s - 1 - i) * step + 0.25, f"i={i}", ha="right",
+                va="center", size=7)
+        for j in range(s):
+            grid(x0 + j * step, y0 + (s - 1 - i) * step, cell, (i, j), faces[s * i + j])
+            if i == 0:
+                ax.text(x0 + j * step + 0.25, y0 + s * step, f"j={j}", ha="center", size=7)
+    ax.text(3.03, top, "9 shifted slices", ha="center", size=9, weight="bold")
+    ax.text(3.03, top - 0.3, "X[:, i:i+oh, j:j+ow, :]", ha="center", size=8,
+            family="DejaVu Sans Mono")
+    ax.text(3.03, below, "each (B, oh, ow, " + cin + ")", ha="center", size=8,
+            color="#555555")
+    arrow(ax, (3.98, mid), (4.38, mid))
+    ax.text(4.18, mid + 0.15, "stack", ha="center", size=7.5)
+    x0, w = 4.5, 0.17                             # the patches: 9 blocks of C_in columns
+    for k in range(s * s):
+        box(ax, x0 + k * w, mid - 0.65, w, 1.3, face=faces[k], style="square,pad=0.0",
+            lw=0.5)
+    ax.text(x0 + w / 2, mid + 0.7, cin, ha="center", size=7)
+    ax.text(x0 + 4.5 * w, top, "patches", ha="center", size=9, weight="bold")
+    ax.text(x0 + 4.5 * w, below, "(B·oh·ow, " + r"$s^2 C_\mathrm{in}$)", ha="center",
+            size=8, color="#555555")
+    ax.text(6.25, mid, "×", ha="center", va="center", size=14)
+    x0 = 6.45                                     # the kernel: 9 blocks of C_in rows
+    for k in range(s * s):
+        box(ax, x0, mid + 4.5 * w - (k + 1) * w, 0.4, w, face=faces[k],
+            style="square,pad=0.0", lw=0.5)
+    ax.text(x0 + 0.2, top, "kernel", ha="center", size=9, weight="bold")
+    ax.text(x0 + 0.2, top - 0.3, "reshaped", ha="center", size=8)
+    ax.text(x0 + 0.2, below, r"($s^2 C_\mathrm{in}$, " + cout + ")", ha="center", size=8,
+            color="#555555")
+    ax.text(7.15, mid, "=", ha="center", va="center", size=12)
+    box(ax, 7.45, mid - 0.65, 0.4, 1.3, face=GREY, style="square,pad=0.0", lw=0.5)
+    ax.text(7.65, top, "output", ha="center", size=9, weight="bold")
+    ax.text(7.65, below, "(B·oh·ow, " + cout + ")", ha="center", size=8, color="#555555")
+    ax.text(4.1, 0.12, "oh = H - s + 1, ow = W - s + 1; one colour per shift (i, j): its "
+            "slice, " + cin + " columns of the patches, " + cin + " rows of the kernel",
+            ha="center", size=8, color="#555555")
+    save(fig, "im2col")
+
+
+FIGURES += [im2col]
+
 if __name__ == "__main__":
     wanted = sys.argv[1:]
     for make in FIGURES:
