@@ -164,6 +164,25 @@ def nonnegative(**values: Any) -> None:
             raise InputError(f"{name} must be a finite number >= 0, got {value!r}")
 
 
+def flag(**values: Any) -> None:
+    """Raise an InputError naming the first value that is not True or False (a NumPy bool
+    counts): a string such as 'no' is truthy, so it would silently mean True."""
+    for name, value in values.items():
+        if not isinstance(value, (bool, np.bool_)) and not _is_tracer(value):
+            raise InputError(f"{name} must be True or False, got {value!r}")
+
+
+def folder_path(value: Any, name: str) -> pathlib.Path:
+    """``value`` as a path; an InputError unless it is a non-empty str or os.PathLike without
+    a NUL character, a NotAFolderError when it names a file."""
+    if isinstance(value, bytes) or not isinstance(value, (str, os.PathLike)) or \
+            not str(value) or "\0" in str(value):
+        raise InputError(f"{name} must be a folder path (str or pathlib.Path), got {value!r}")
+    if pathlib.Path(value).expanduser().is_file():
+        raise NotAFolderError(f"{name}={value} is a file, not a folder; pass a folder")
+    return pathlib.Path(value).expanduser()
+
+
 def divisible(size: int, parts: int, what: str = "batch size", over: str = "devices") -> None:
     """Raise an InputError naming the nearest good sizes unless ``size`` splits into
     ``parts``."""

@@ -36,7 +36,6 @@ from .errors import (
     CheckpointError,
     InputError,
     NoAccessError,
-    NotAFolderError,
     NotFoundError,
     PathError,
     TooLargeError,
@@ -125,13 +124,7 @@ abstract_like = check.validated(abstract_like, _check_abstract_like)
 
 
 def _check_directory(directory, name="directory"):
-    if isinstance(directory, bytes) or not isinstance(directory, (str, os.PathLike)) or \
-            not str(directory):
-        raise InputError(f"{name} must be a folder path (str or pathlib.Path), got {directory!r}")
-    directory = pathlib.Path(directory).absolute()
-    if directory.exists() and not directory.is_dir():
-        raise NotAFolderError(f"{directory} is a file, not a checkpoint folder; pass a folder")
-    return directory
+    return check.folder_path(directory, name).absolute()
 
 
 class _QuietOrbax(logging.Filter):
@@ -314,9 +307,7 @@ def checkpoint_manager(directory: str | os.PathLike, max_to_keep: int | None = 3
     directory = _check_directory(directory)
     check.integer(1, none=True, max_to_keep=max_to_keep)
     check.integer(1, none=True, timeout=timeout)
-    for name, flag in [("create", create), ("read_only", read_only)]:
-        if not isinstance(flag, bool):
-            raise InputError(f"{name} must be True or False, got {flag!r}")
+    check.flag(create=create, read_only=read_only)
     if read_only:
         options = ocp.CheckpointManagerOptions(read_only=True, create=False, max_to_keep=None,
                                                save_interval_steps=0,
@@ -352,6 +343,16 @@ def save_checkpoint(manager: ocp.CheckpointManager, step: int, state: Any,
                          f"got {type(manager).__name__}")
     check.integer(0, step=step)
     check.tree(state, "state")
+    for path, x in jax.tree_util.tree_leaves_with_path(state):
+        if not hasattr(x, "dtype") and check._number(x) is None:
+            raise InputError(f"state{jax.tree_util.keystr(path)} is {x!r}, not an array or "
+                             f"a number; a checkpoint holds arrays")
+    held = state.get("step") if isinstance(state, dict) else None
+    held = None if held is None else check._values(held)  # as a restore reads it
+    if held is not None and held.ndim == 0 and held.dtype.kind in "iu" and int(held) != step:
+        raise InputError(f"state['step'] is {int(held)} but it would be saved as step {step}, "
+                         f"and a restore checks that they agree; save it as step "
+                         f"{int(held)}, or update the state's step first")
     if data_iter is not None and not (hasattr(data_iter, "get_state") or
                                       hasattr(data_iter, "__next__")):
         raise InputError(f"data_iter must be a Grain iterator (with get_state), got "
@@ -377,7 +378,7 @@ def save_checkpoint(manager: ocp.CheckpointManager, step: int, state: Any,
 
 
 def _check_room(directory, step, state):
-    need = sum(int(np.prod(np.shape(x))) * np.dtype(x.dtype).itemsize
+    need = sum(int(np.prod(np.shape(x))) * np.dtype(getattr(x, "dtype", type(x))).itemsize
                for x in jax.tree.leaves(state))
     free = shutil.disk_usage(_nearest_existing(pathlib.Path(directory))).free
     if free < need:

@@ -43,10 +43,12 @@ def _check_replicate(params: Any, devices: Sequence[jax.Device]) -> None:
 def _check_unreplicate(params: Any) -> None:
     check.tree(params)
     for x in jax.tree.leaves(params):
-        if not isinstance(x, jax.Array) or not jnp.ndim(x):
+        if not isinstance(x, jax.Array) or not jnp.ndim(x) or \
+                x.addressable_shards[0].data.shape[0] != 1:  # one copy per device
             raise InputError(f"params must hold device copies stacked along axis 0 (as "
                              f"d2l.replicate makes them), found {type(x).__name__} of shape "
-                             f"{jnp.shape(x)}")
+                             f"{jnp.shape(x)}" + (f" on {len(x.sharding.device_set)} device(s)"
+                                                  if isinstance(x, jax.Array) else ""))
 
 
 def _check_ring(x: jax.Array, axis_name: str) -> None:

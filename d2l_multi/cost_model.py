@@ -59,7 +59,7 @@ collective_loop = check.validated(collective_loop, _check_collective_inputs)
 
 def _check_time_collective(collective: str, num_devices: int, num_bytes: int,
                            repeat: int = 5) -> None:
-    check.positive(repeat=repeat)
+    check.integer(1, repeat=repeat)
     _check_collective_inputs(collective, num_devices, num_bytes)
 
 
@@ -96,7 +96,12 @@ bus_bandwidth = check.validated(bus_bandwidth, _check_bus_bandwidth)
 def _check_measure_collectives(collectives: Sequence[str], device_counts: Sequence[int],
                                sizes: Sequence[int], repeat: int = 5) -> None:
     """Raise an InputError if there is nothing to measure."""
+    for name, value in [("collectives", collectives), ("device_counts", device_counts),
+                        ("sizes", sizes)]:
+        if isinstance(value, (str, bytes)) or not np.iterable(value):
+            raise InputError(f"{name} must be a list, got {value!r}; e.g. {name}=[...]")
     check.nonempty(collectives=collectives, device_counts=device_counts, sizes=sizes)
+    check.integer(1, repeat=repeat)
 
 
 def measure_collectives(collectives, device_counts, sizes, repeat=5):
@@ -208,7 +213,7 @@ def cpu_time_call(f: Callable[..., Any], *args: Any, repeat: int = 5) -> tuple[f
     """CPU seconds (of every thread of this process) and wall-clock seconds per call of
     ``f(*args)``, means over ``repeat`` calls after one that compiles; their ratio is the number
     of cores the calls kept busy (``d2l.shrink`` keeps 2 calls in quick runs)."""
-    check.positive(repeat=repeat)
+    check.integer(1, repeat=repeat)
     jax.block_until_ready(f(*args))
     repeat = shrink(repeat, 2)
     cpu, wall = time.process_time(), time.perf_counter()
@@ -220,6 +225,7 @@ def cpu_time_call(f: Callable[..., Any], *args: Any, repeat: int = 5) -> tuple[f
 def _check_step_time_inputs(compute_time: float, num_devices: int, grad_bytes: float,
                             alpha: float, beta: float, overlap: bool = False,
                             parallelism: float | None = None) -> None:
+    check.flag(overlap=overlap)
     check.positive(num_devices=num_devices,
                    parallelism=num_devices if parallelism is None else parallelism)
     check.nonnegative(compute_time=compute_time, grad_bytes=grad_bytes, alpha=alpha, beta=beta)

@@ -215,6 +215,8 @@ def dataset_dir(name="fashion-mnist", data_dir=None, download_missing=True, prog
     and no full copy, the shipped sample; else a download."""
     if name not in DATASETS:
         raise InputError(f"unknown dataset {name!r}; choose one of {sorted(DATASETS)}")
+    if data_dir is not None:
+        check.folder_path(data_dir, "data_dir")
     root = find_dataset(name, data_dir)
     if root is not None:
         return root
@@ -354,6 +356,8 @@ class FashionMNIST:
 
     def text_labels(self, indices: Iterable[int]) -> list[str]:
         """Return the text labels of integer class indices."""
+        indices = np.ravel(indices) if np.ndim(indices) == 0 else indices  # one index
+        check.labels(indices, len(self.labels), "indices")
         return [self.labels[int(i)] for i in indices]
 
     def get_dataloader(self, train: bool, batch_size: int | None = None, drop_last: bool = False,
@@ -363,6 +367,7 @@ class FashionMNIST:
         make the loader once and iterate it once per epoch (or pass ``epoch=k`` to a loader
         made for epoch ``k``). ``drop_last``: skip the last incomplete batch."""
         batch_size = self.batch_size if batch_size is None else batch_size
+        check.flag(train=train, drop_last=drop_last)
         check.positive(batch_size=batch_size)
         check.integer(0, epoch=epoch)
         X, y = self.train if train else self.val

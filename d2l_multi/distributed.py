@@ -322,6 +322,7 @@ def _check_process_batches(X: ArrayLike, y: ArrayLike, batch_size: int, shuffle:
     larger than the data (an evaluation pads the last batch to its size)."""
     check.examples(X, y)
     check.labels(y)
+    check.flag(shuffle=shuffle)
     check.positive(batch_size=batch_size)
     check.integer(0, seed=seed, epoch=epoch)
     if batch_size > len(X):

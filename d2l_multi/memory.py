@@ -42,9 +42,8 @@ def _check_training_memory(num_params: int, activation_bytes: float = 0,
         raise InputError(f"unknown optimizer {optimizer!r}; use one of "
                          f"{sorted(OPTIMIZER_STATE_COPIES)} or add it to "
                          f"OPTIMIZER_STATE_COPIES")
-    check.positive(num_params=num_params, param_shards=param_shards,
-                   batch_shards=batch_shards,
-                   bytes_per_value=bytes_per_value)
+    check.positive(num_params=num_params, bytes_per_value=bytes_per_value)
+    check.integer(1, param_shards=param_shards, batch_shards=batch_shards)
     check.nonnegative(activation_bytes=activation_bytes)
 
 

@@ -10,7 +10,7 @@ from jax.typing import ArrayLike
 
 from . import _checks as check
 from ._earlier import parallel as d2l
-from .errors import DivergedError
+from .errors import DivergedError, InputError
 from .models import Params, check_batch, lenet_io
 
 
@@ -113,6 +113,13 @@ def _check_train(num_devices: int, batch_size: int, lr: float, num_epochs: int =
             check.images(X, 1, f"data.{split}[0]")
             check.finite_values(X, f"data.{split}[0]")
             check.labels(y, 10, f"data.{split}[1]")
+    if data is not None and not hasattr(data, "get_dataloader"):
+        raise InputError(f"data must be a data module such as d2l.FashionMNIST({batch_size}), "
+                         f"got {type(data).__name__}")
+    given = getattr(data, "batch_size", batch_size)
+    if given != batch_size:
+        raise InputError(f"batch_size={batch_size} but data makes batches of {given}; pass "
+                         f"batch_size={given}, or data=d2l.FashionMNIST({batch_size})")
 
 
 def _stops_on_divergence(train):

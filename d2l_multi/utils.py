@@ -67,13 +67,27 @@ def max_difference(a: Any, b: Any) -> float:
     import jax
 
     def difference(path, x, y):
-        x, y = np.asarray(x, np.float64), np.asarray(y, np.float64)
+        x, y = np.asarray(x), np.asarray(y)
+        where = jax.tree_util.keystr(path) or "the root"
+        if x.dtype.kind not in "biufc" or y.dtype.kind not in "biufc":
+            raise InputError(f"max_difference: {where} holds {x.dtype} and {y.dtype} values; "
+                             f"compare numbers")
         if x.shape != y.shape and x.shape[1:] != y.shape and x.shape != y.shape[1:]:
             raise InputError(f"max_difference: shapes {x.shape} and {y.shape} differ at "
-                             f"{jax.tree_util.keystr(path) or 'the root'}; compare arrays of one "
+                             f"{where}; compare arrays of one "
                              f"shape, or a stack of copies (leading axis) with one copy")
+        if x.dtype.kind in "biu" and y.dtype.kind in "biu":  # exactly, as Python integers
+            x, y = x.astype(object), y.astype(object)
+        elif x.dtype.kind != "c" and y.dtype.kind != "c":
+            x, y = x.astype(np.float64), y.astype(np.float64)
         return float(np.max(np.abs(x - y), initial=0.0))
-    return max(jax.tree.leaves(jax.tree.map_with_path(difference, a, b)), default=0.0)
+    if jax.tree.structure(a) != jax.tree.structure(b):
+        raise InputError(f"max_difference: the trees differ in structure, "
+                         f"{jax.tree.structure(a)} vs {jax.tree.structure(b)}; compare "
+                         f"two pytrees of one structure")
+    if not jax.tree.leaves(a):
+        raise InputError(f"max_difference: {a!r} and {b!r} hold no arrays; nothing to compare")
+    return max(jax.tree.leaves(jax.tree.map_with_path(difference, a, b)))
 
 
 def time_call(f: Callable[..., Any], *args: Any, repeat: int = 5, warmup: int = 1) -> float:

@@ -236,3 +236,77 @@ def test_a_failed_write_names_the_file(tmp_path):
                                       rf"left on device"):
         save_atomic(tmp_path / "params.npz", full)
     assert list(tmp_path.iterdir()) == []
+
+
+# ----- values a hostile reader found passing silently or ending in another library's error --
+
+def _one_device_params():
+    return [jax.numpy.ones(3)]  # on one device: no stack of copies
+
+
+FOUND = [
+    ("unreplicate(unstacked)", lambda: d2l.unreplicate(_one_device_params()),
+     "params must hold device copies stacked along axis 0"),
+    ("max_difference(complex)", lambda: d2l.max_difference(np.array([1 + 5j]),
+                                                           np.array([1 + 0j])), None),
+    ("max_difference({}, {})", lambda: d2l.max_difference({}, {}), "nothing to compare"),
+    ("max_difference(list, tuple)", lambda: d2l.max_difference([X], (X,)),
+     "the trees differ in structure"),
+    ("max_difference(strings)", lambda: d2l.max_difference(np.array(["a"]), np.array(["b"])),
+     "compare numbers"),
+    ("train(batch 256, data of 128)", lambda: d2l.train(
+        8, 256, 0.1, 1, d2l.FashionMNIST(128, num_train=512, num_val=256)),
+     "batch_size=256 but data makes batches of 128"),
+    ("train(data=[1, 2])", lambda: d2l.train(8, 64, 0.1, 1, [1, 2]),
+     "data must be a data module"),
+    ("FashionMNIST(data_dir=a file)", lambda: d2l.FashionMNIST(32, data_dir=__file__),
+     "is a file, not a folder"),
+    ("FashionMNIST(data_dir='')", lambda: d2l.FashionMNIST(32, data_dir=""),
+     "data_dir must be a folder path"),
+    ("predict_step_time(overlap='no')", lambda: d2l.predict_step_time(
+        0.1, 8, 1e6, 1e-5, 1e-9, overlap="no"), "overlap must be True or False, got 'no'"),
+    ("process_batches(shuffle='no')", lambda: next(d2l.process_batches(X, Y, 4, shuffle="no")),
+     "shuffle must be True or False, got 'no'"),
+    ("get_dataloader('no')", lambda: d2l.FashionMNIST(32).get_dataloader("no"),
+     "train must be True or False, got 'no'"),
+    ("text_labels([-1])", lambda: d2l.FashionMNIST(32).text_labels([-1]), "-1"),
+    ("text_labels([10])", lambda: d2l.FashionMNIST(32).text_labels([10]), "10"),
+    ("text_labels([1.7])", lambda: d2l.FashionMNIST(32).text_labels([1.7]), "indices"),
+    ("training_memory(param_shards=0.5)", lambda: d2l.training_memory(
+        1000, param_shards=0.5), "param_shards must be a positive integer, got 0.5"),
+    ("time_collective(repeat=1.5)", lambda: d2l.time_collective("psum", 2, 64, repeat=1.5),
+     "repeat must be a positive integer, got 1.5"),
+    ("measure_collectives('psum', ...)", lambda: d2l.measure_collectives("psum", [2], [64]),
+     "collectives must be a list, got 'psum'"),
+]
+
+
+@pytest.mark.parametrize("call,message", [(f, m) for _, f, m in FOUND],
+                         ids=[name for name, _, _ in FOUND])
+def test_what_passed_silently_is_refused_in_one_line(call, message):
+    if message is None:  # not refused: computed right
+        assert call() == 5.0
+        return
+    with pytest.raises((ValueError, OSError)) as e:
+        call()
+    assert type(e.value).__module__ == "d2l_multi.errors", repr(e.value)  # the package's own
+    assert message in str(e.value) and "\n" not in str(e.value), str(e.value)
+
+
+def test_max_difference_is_exact_for_integers_and_flags_arrive_as_numpy_bools(tmp_path):
+    assert d2l.max_difference(np.array([2**63 - 1]), np.array([2**63 - 2])) == 1.0
+    with d2l.checkpoint_manager(tmp_path, create=np.bool_(True)) as manager:
+        assert manager.directory.name == tmp_path.name
+
+
+def test_a_state_whose_step_disagrees_is_refused_at_save_not_at_restore(tmp_path):
+    state = {"w": jax.numpy.ones(3), "step": jax.numpy.array(5)}
+    with d2l.checkpoint_manager(tmp_path / "c") as manager:
+        with pytest.raises(d2l.InputError, match=r"state\['step'\] is 5 but it would be "
+                                                  r"saved as step 7"):
+            d2l.save_checkpoint(manager, 7, state)
+        with pytest.raises(d2l.InputError, match=r"state\['name'\] is 'abc', not an array"):
+            d2l.save_checkpoint(manager, 5, {**state, "name": "abc"})
+        d2l.save_checkpoint(manager, 5, {**state, "lr": 0.1})  # a plain number is saved
+        d2l.wait_for_saves(manager)
+    assert d2l.saved_steps(tmp_path / "c") == [5]

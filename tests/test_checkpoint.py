@@ -736,7 +736,7 @@ W = {"w": jax.ShapeDtypeStruct((8, 4), jnp.float32)}
          "directory must be a folder path (str or pathlib.Path), got None"),
     _bad(lambda t: d2l.checkpoint_manager(""), ValueError, "directory must be a folder path"),
     _bad(lambda t: d2l.checkpoint_manager(t / "file"), NotADirectoryError,
-         "is a file, not a checkpoint folder"),
+         "is a file, not a folder; pass a folder"),
     _bad(lambda t: d2l.checkpoint_manager(t / "new", max_to_keep=0), ValueError,
          "max_to_keep must be a positive integer or None, got 0"),
     _bad(lambda t: d2l.checkpoint_manager(t / "new", max_to_keep=2.5), ValueError,

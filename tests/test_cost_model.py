@@ -41,7 +41,7 @@ def test_time_collective_returns_positive_samples():
     (lambda: d2l.collective_loop("psum", 8, 1000), "use a multiple of 32, e.g. 992 or 1024"),
     (lambda: d2l.collective_loop("psum", 2, -8), "num_bytes must be a positive integer"),
     (lambda: d2l.time_collective("psum", 2, 4096, repeat=0),
-     "repeat must be a finite positive number"),
+     "repeat must be a positive integer"),
     (lambda: d2l.bus_bandwidth("psum", 2, 4096, 0.0), "seconds must be a finite positive"),
     (lambda: d2l.bus_bandwidth("gather", 2, 4096, 1.0), "unknown collective .gather."),
 ])
@@ -121,7 +121,7 @@ def test_step_cost_counts_a_matrix_product():
 def test_cpu_time_call_counts_cpu_and_wall_seconds():
     cpu, wall = d2l.cpu_time_call(lambda x: (x @ x).sum(), jnp.ones((256, 256)), repeat=3)
     assert cpu > 0 and wall > 0
-    with pytest.raises(ValueError, match="repeat must be a finite positive number, got 0"):
+    with pytest.raises(ValueError, match="repeat must be a positive integer, got 0"):
         d2l.cpu_time_call(lambda x: x, 1.0, repeat=0)
 
 

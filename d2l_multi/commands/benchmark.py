@@ -106,6 +106,15 @@ def _lenet_nchw(params, X):
     return jax.nn.relu(h @ W3 + b3) @ W4 + b4
 
 
+def _batch_fits(batch, X):
+    """Raise an InputError unless one batch fits in the training images loaded (the smoke
+    switch keeps only a sample of them)."""
+    if batch > len(X):
+        sample = " (the smoke switch keeps a sample)" if smoke_switch.smoke() else ""
+        raise InputError(f"--batch-size {batch} is larger than the {len(X)} training images "
+                         f"loaded{sample}; use at most {len(X)}")
+
+
 def _nth_batch(X, y, i, batch):
     """The ``i``-th batch of the epoch ``X, y`` (counting round the epoch again)."""
     i %= len(X) // batch
@@ -287,6 +296,7 @@ def lenet_main(args):
     print(f"XLA_FLAGS: {os.environ.get('XLA_FLAGS', '')}")
     data = d2l.FashionMNIST(args.batch_size)
     X, y = data.train
+    _batch_fits(args.batch_size, X)
     steps = min(args.steps or smoke_switch.pick(epoch_steps, 10), epoch_steps)
     rounds = smoke_switch.shrink(args.rounds, 1)
     print(f"timing {steps} steps of batch {args.batch_size} per row in each of {rounds} rounds; "
@@ -517,6 +527,7 @@ def profile_main(args):
     print(f"XLA_FLAGS: {os.environ.get('XLA_FLAGS', '')}; PJRT_NPROC=1 (one thread)")
     B, steps = args.batch_size, smoke_switch.shrink(args.steps, 2)
     X, y = d2l.FashionMNIST(B).train
+    _batch_fits(B, X)
 
     def step(params, X, y):
         loss, grads = jax.value_and_grad(d2l.loss_fn)(params, X, y)
