@@ -310,3 +310,19 @@ def test_a_state_whose_step_disagrees_is_refused_at_save_not_at_restore(tmp_path
         d2l.save_checkpoint(manager, 5, {**state, "lr": 0.1})  # a plain number is saved
         d2l.wait_for_saves(manager)
     assert d2l.saved_steps(tmp_path / "c") == [5]
+
+
+@pytest.mark.parametrize("argv", [["train", "--out", ""], ["book", "--out", " "],
+                                  ["book", "--chapters", "a\0b"], ["classroom", "student", ""]])
+def test_an_empty_path_argument_is_refused_not_taken_for_the_current_folder(argv, capsys):
+    from d2l_multi.commands import main
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert "expected a path, got" in err and err.count("\n") == 1, err
+
+
+def test_mp_train_refuses_an_empty_out(capsys):
+    from d2l_multi.commands import mp_train
+    with pytest.raises(SystemExit) as e:
+        mp_train.parser().parse_args(["--out", ""])
+    assert e.value.code == 2 and "expected a path, got ''" in capsys.readouterr().err

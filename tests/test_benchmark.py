@@ -27,6 +27,9 @@ def benchmark(*args):
     (["lenet", "--rounds", "0"], "--rounds must be a positive integer, e.g. --rounds 3; got 0"),
     (["profile", "--steps", "0"], "--steps must be a positive integer, e.g. --steps 20; got 0"),
     (["profile", "--batch-size", "100"], "100 does not divide evenly over 8 devices"),
+    (["lenet", "--batch-size", "4096"], "--batch-size 4096 is larger than the 2048 training "
+                                        "images loaded (the smoke switch keeps a sample)"),
+    (["profile", "--batch-size", "4096"], "--batch-size 4096 is larger than the 2048"),
     (["collectives", "--devices", "1,2"], "--devices: every count must be at least 2"),
     (["collectives", "--devices", "two"], "--devices takes comma-separated integers"),
     (["collectives", "--collectives", "psum,broadcast"], "unknown broadcast"),

@@ -35,7 +35,7 @@ from collections.abc import Iterable
 
 from ..errors import AlreadyExistsError, InputError, NotFoundError, PathError
 from ..hardware import versions
-from .common import describe_machine
+from .common import describe_machine, path_argument
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]  # the checkout, when run from one
 MODES = ("stored", "smoke")  # render the stored outputs; execute copies with the smoke switch
@@ -458,7 +458,7 @@ DESCRIPTION = ("Build the chapter as a book (HTML) from book/ and chapters/*.ipy
 
 def configure(parser: argparse.ArgumentParser) -> None:
     """The options of ``python -m d2l_multi book``."""
-    parser.add_argument("notebooks", nargs="*", type=pathlib.Path, metavar="NOTEBOOK",
+    parser.add_argument("notebooks", nargs="*", type=path_argument, metavar="NOTEBOOK",
                         help="with --rerun: refresh only these notebooks (default: all)")
     parser.add_argument("--rerun", action="store_true",
                         help="execute the notebooks at full size and write their outputs "
@@ -467,10 +467,10 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--smoke", action="store_true",
                         help="execute copies with D2L_MULTI_SMOKE=1 into _build/html-smoke "
                              "(quick; numbers are not results; chapters/ is not written)")
-    parser.add_argument("--chapters", type=pathlib.Path, default=None, metavar="DIR",
+    parser.add_argument("--chapters", type=path_argument, default=None, metavar="DIR",
                         help="the notebooks, with the book's book/ folder beside DIR (default: "
                              "chapters/ of the checkout d2l_multi runs from)")
-    parser.add_argument("--out", type=pathlib.Path, default=None,
+    parser.add_argument("--out", type=path_argument, default=None,
                         help="output folder (default: _build/html, or _build/html-smoke, "
                              "beside the chapters folder)")
     parser.add_argument("--quiet", "-q", action="store_true", help="print only warnings")

@@ -32,6 +32,7 @@ from ._classroom_common import (
     _fresh,
     _nbgrader_command,
 )
+from .common import path_argument
 
 SOLUTIONS = "## Solutions"
 ANSWERS = "## Answers"
@@ -484,27 +485,27 @@ def configure(parser: argparse.ArgumentParser) -> None:
     """The subcommands student, teacher and grade, with their arguments."""
     sub = parser.add_subparsers(dest="command", required=True)
     p = sub.add_parser("student", help="write the student edition: no solutions, starters")
-    p.add_argument("out", type=pathlib.Path, help="a new folder")
+    p.add_argument("out", type=path_argument, help="a new folder")
     p.add_argument("notebooks", nargs="*",
                    help="notebooks or folders of notebooks (default: chapters/ of the "
                         "checkout d2l_multi runs from)")
     p = sub.add_parser("teacher", help="write an nbgrader course: source (solutions, hidden "
                                        "tests), release (the student edition), gradebook.db")
-    p.add_argument("course", type=pathlib.Path, help="a new folder")
+    p.add_argument("course", type=path_argument, help="a new folder")
     p.add_argument("notebooks", nargs="*",
                    help="notebooks or folders of notebooks (default: chapters/ of the "
                         "checkout d2l_multi runs from)")
     p = sub.add_parser("grade", help="grade a folder of submitted notebooks into a CSV")
-    p.add_argument("course", type=pathlib.Path, help="the folder `classroom teacher` made")
-    p.add_argument("submissions", type=pathlib.Path,
+    p.add_argument("course", type=path_argument, help="the folder `classroom teacher` made")
+    p.add_argument("submissions", type=path_argument,
                    help="STUDENT.ipynb files, or STUDENT/ folders of notebooks")
-    p.add_argument("out", type=pathlib.Path, help="a new folder: grades.csv, autograded/")
+    p.add_argument("out", type=path_argument, help="a new folder: grades.csv, autograded/")
     p.add_argument("--timeout", type=int, default=120,
                    help="seconds a cell may run before it is interrupted (default 120)")
     p.add_argument("--notebook-timeout", type=int, default=1800,
                    help="seconds a whole notebook may run before it is stopped (default 1800)")
     p.add_argument("--jobs", type=int, default=1, help="notebooks graded at once (default 1)")
-    p.add_argument("--roster", type=pathlib.Path,
+    p.add_argument("--roster", type=path_argument,
                    help="the class list (one student per line, or a CSV whose first column "
                         "names them): a row for each notebook a student handed nothing in for")
     p.add_argument("--no-sandbox", action="store_true",

@@ -41,6 +41,14 @@ def positive(kind):
     return parse
 
 
+def path_argument(text: str) -> pathlib.Path:
+    """An argparse type: a path, never empty (``Path('')`` would be the current folder) and
+    without a NUL character."""
+    if not text.strip() or "\0" in text:
+        raise argparse.ArgumentTypeError(f"expected a path, got {text!r}")
+    return pathlib.Path(text)
+
+
 def check_out(out: pathlib.Path, files: Iterable[str] = (), need: int = 0,
               option: str = "--out") -> None:
     """Refuse the output folder ``out`` before any long work: a file, a folder this process

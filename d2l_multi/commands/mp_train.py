@@ -42,7 +42,15 @@ from .. import smoke_switch
 from ..checkpoint import wait_for_saves
 from ..distributed import launcher_settings
 from ..errors import DataError, DivergedError, InputError, PathError
-from .common import OneLineParser, check_out, only_run, positive, save_atomic, writable_dir
+from .common import (
+    OneLineParser,
+    check_out,
+    only_run,
+    path_argument,
+    positive,
+    save_atomic,
+    writable_dir,
+)
 
 PROG = "python -m d2l_multi.mp_train"
 TRAIN_SIZE, TEST_SIZE = 60_000, 10_000  # Fashion-MNIST's training and test examples
@@ -69,7 +77,7 @@ def parser():
     p.add_argument("--save-every", type=positive(int), default=None, metavar="STEPS",
                    help="save a checkpoint every STEPS global steps (default: at the end of "
                         "every epoch); the last step is always saved")
-    p.add_argument("--out", type=pathlib.Path, default=None,
+    p.add_argument("--out", type=path_argument, default=None,
                    help="folder for log.json, train.png, params.npz and checkpoints/ "
                         "(written by process 0; checkpoints by all processes together)")
     p.add_argument("--resume", action="store_true",

@@ -13,7 +13,7 @@ from .. import _checks as check
 from .. import smoke_switch
 from ..errors import Error, InputError
 from ..hardware import cpu_threads
-from .common import check_out, describe_machine, only_run, positive, save_atomic
+from .common import check_out, describe_machine, only_run, path_argument, positive, save_atomic
 
 HELP = "LeNet data parallel on 1 and N devices: a table and two plots (the default command)"
 DESCRIPTION = ("Train LeNet on Fashion-MNIST data-parallel on 1 and N devices (N simulated CPU "
@@ -62,7 +62,7 @@ def configure(p: argparse.ArgumentParser) -> None:
                         "most 8, else 8, and each smaller count trains in a process of its own "
                         "that simulates only its devices: XLA:CPU sizes one thread pool for "
                         "all the simulated devices, which slows a run on fewer of them)")
-    p.add_argument("--out", type=pathlib.Path, default=pathlib.Path("runs"),
+    p.add_argument("--out", type=path_argument, default=pathlib.Path("runs"),
                    help="folder for the PNG plots and results.json (default: runs/)")
 
 
