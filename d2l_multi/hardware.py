@@ -8,6 +8,8 @@ import os
 from collections.abc import MutableMapping, Sequence
 from typing import Any
 
+import numpy as np
+
 from . import _checks as check
 from .errors import InputError
 
@@ -290,6 +292,10 @@ def device_mesh(shape: Sequence[int] = (-1,), axis_names: Sequence[str] | None =
     shape = (shape,) if check._number(shape) is not None else tuple(shape)
     if axis_names is None:
         axis_names = ("data", "model")[:len(shape)] if len(shape) <= 2 else ()
+    if isinstance(axis_names, str) or len(set(axis_names)) != len(axis_names) or \
+            not all(isinstance(a, str) and a for a in axis_names):
+        raise InputError(f"axis_names={axis_names!r}: pass one distinct name per axis, "
+                         f"e.g. ('data',) or ('data', 'model')")
     axis_names = tuple(axis_names)
     if len(shape) != len(axis_names):
         raise InputError(f"mesh shape {shape} has {len(shape)} axes but axis_names "
@@ -302,7 +308,7 @@ def device_mesh(shape: Sequence[int] = (-1,), axis_names: Sequence[str] | None =
     if devices is None:
         devices = _first_devices(None if -1 in shape else math.prod(shape))
     check.devices(devices)
-    devices = list(devices)
+    devices = list(np.ravel(np.asarray(devices, dtype=object)))  # a grid of them too
     n, known = len(devices), math.prod(s for s in shape if s != -1)
     if -1 in shape and n % known == 0:
         shape = tuple(n // known if s == -1 else s for s in shape)

@@ -113,11 +113,22 @@ def _check_conv(X: ArrayLike, W: ArrayLike, b: ArrayLike) -> None:
     if jnp.ndim(W) != 4 or jnp.shape(W)[2] != jnp.shape(X)[3]:
         raise InputError(f"W has shape {jnp.shape(W)}; a kernel is HWIO (height, width, "
                          f"{jnp.shape(X)[3]} input channels as X has, output channels)")
+    _check_window(X, jnp.shape(W)[:2], "the kernel")
+    if jnp.shape(b) != jnp.shape(W)[3:]:
+        raise InputError(f"b has shape {jnp.shape(b)}; pass one bias per output channel, "
+                         f"shape {jnp.shape(W)[3:]}")
+
+
+def _check_window(X, window, what):
+    if any(w > x for w, x in zip(window, jnp.shape(X)[1:3])):
+        raise InputError(f"{what} ({window[0]} x {window[1]}) is larger than the images "
+                         f"({jnp.shape(X)[1]} x {jnp.shape(X)[2]}): nothing would be left")
 
 
 def _check_pool(X: ArrayLike, size: int = 2) -> None:
     check.images(X)
     check.integer(1, size=size)
+    _check_window(X, (size, size), "the pooling window")
 
 
 def _check_lenet(params: Params, X: ArrayLike) -> None:

@@ -326,3 +326,24 @@ def test_mp_train_refuses_an_empty_out(capsys):
     with pytest.raises(SystemExit) as e:
         mp_train.parser().parse_args(["--out", ""])
     assert e.value.code == 2 and "expected a path, got ''" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("call,message", [
+    (lambda: d2l.avg_pool2d(X, 100), "the pooling window (100 x 100) is larger than the images"),
+    (lambda: d2l.conv2d(X, np.ones((30, 30, 1, 4), np.float32), np.zeros(4, np.float32)),
+     "the kernel (30 x 30) is larger than the images (28 x 28)"),
+    (lambda: d2l.conv2d(X, np.ones((3, 3, 1, 4), np.float32), np.zeros(5, np.float32)),
+     "b has shape (5,); pass one bias per output channel, shape (4,)"),
+    (lambda: d2l.device_mesh((2, 4), axis_names=("a", "a")), "one distinct name per axis"),
+    (lambda: d2l.device_mesh((8,), axis_names="data"), "axis_names='data'"),
+    (lambda: d2l.device_mesh((2, 4), axis_names=(1, 2)), "one distinct name per axis"),
+])
+def test_a_window_larger_than_the_images_and_bad_axis_names_are_refused(call, message):
+    with pytest.raises(d2l.InputError) as e:
+        call()
+    assert message in str(e.value), str(e.value)
+
+
+def test_device_mesh_takes_a_grid_of_devices():
+    grid = np.array(d2l.devices(8)).reshape(2, 4)
+    assert d2l.device_mesh((2, 4), devices=grid).shape == {"data": 2, "model": 4}
