@@ -22,8 +22,12 @@ def allreduce(data):
 
 
 def _check_allreduce(data: Sequence[jax.Array]) -> None:
-    if not len(data):
-        raise InputError("allreduce needs a list with one array per device, got []")
+    if not isinstance(data, (list, tuple)) or not len(data):
+        got = repr(data) if isinstance(data, (list, tuple)) else type(data).__name__
+        raise InputError(f"allreduce needs a list with one array per device, got {got}")
+    if not all(isinstance(x, jax.Array) for x in data) or len({x.shape for x in data}) > 1:
+        raise InputError(f"allreduce needs JAX arrays of one shape, one per device, got "
+                         f"{[getattr(x, 'shape', type(x).__name__) for x in data]}")
 
 
 def replicate(params, devices):

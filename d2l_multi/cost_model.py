@@ -32,6 +32,8 @@ def _check_collective_inputs(collective: str, num_devices: int, num_bytes: int) 
                          f"{collective!r}, {k!r}")
     check.positive(num_bytes=num_bytes)
     check.divisible(num_bytes, 4 * k, "num_bytes", f"float32 blocks of {k} devices")
+    check.fits(2 * num_bytes, f"num_bytes={num_bytes} (an input and an output)",
+               "pass a smaller size")
 
 
 def collective_loop(collective, num_devices, num_bytes):

@@ -26,6 +26,8 @@ def init_residual_mlp(key: jax.Array, num_blocks: int, width: int,
                       hidden: int) -> dict[str, jax.Array]:
     """Parameters of ``num_blocks`` residual blocks, stacked along a leading axis."""
     check.integer(1, num_blocks=num_blocks, width=width, hidden=hidden)
+    check.fits(4 * num_blocks * (2 * width * hidden + hidden), f"{num_blocks} blocks of "
+               f"width {width} and {hidden} hidden units", "pass smaller sizes")
     k1, k2 = jax.random.split(key)
     return {"W1": jax.random.normal(k1, (num_blocks, width, hidden)) / width**0.5,
             "b1": jnp.zeros((num_blocks, hidden)),
@@ -207,6 +209,9 @@ def _check_orders(orders: Sequence[Sequence[Pass]]) -> None:
     if not isinstance(orders, (list, tuple)) or not all(
             isinstance(passes, (list, tuple)) for passes in orders):
         raise InputError(f"orders must be one list of passes per stage, got {orders!r}")
+    if not any(orders):
+        raise InputError(f"orders {orders!r} hold no pass; give each stage its passes, e.g. "
+                         f"[[('F', 0), ('B', 0)]]")
     for s, passes in enumerate(orders):
         for i, op in enumerate(passes):
             _check_pass(op, f"pass {i} of stage {s}")
@@ -306,6 +311,9 @@ def _check_blocks(params: dict[str, jax.Array], X: ArrayLike) -> None:
 
 
 def _check_mse(Y_hat: ArrayLike, Y: ArrayLike) -> None:
+    if not jnp.size(Y):
+        raise InputError(f"Y is empty (shape {jnp.shape(Y)}): the mean of no errors is not a "
+                         f"loss; pass at least one target")
     if jnp.shape(Y_hat) != jnp.shape(Y):
         raise InputError(f"Y_hat has shape {jnp.shape(Y_hat)} but Y has {jnp.shape(Y)}; "
                          f"compare predictions with targets of the same shape")

@@ -9,6 +9,7 @@ import pytest
 import d2l_multi as d2l
 from d2l_multi import _checks as check
 from d2l_multi.data import dataset_dir
+from d2l_multi.errors import TooLargeError
 
 X = np.zeros((64, 28, 28, 1), np.float32)
 Y = np.zeros(64, np.int32)
@@ -347,3 +348,25 @@ def test_a_window_larger_than_the_images_and_bad_axis_names_are_refused(call, me
 def test_device_mesh_takes_a_grid_of_devices():
     grid = np.array(d2l.devices(8)).reshape(2, 4)
     assert d2l.device_mesh((2, 4), devices=grid).shape == {"data": 2, "model": 4}
+
+
+@pytest.mark.parametrize("call,message", [
+    (lambda: d2l.allreduce(jax.numpy.ones(3)),
+     "allreduce needs a list with one array per device, got ArrayImpl"),
+    (lambda: d2l.allreduce([np.ones(3), np.ones(3)]), "allreduce needs JAX arrays of one shape"),
+    (lambda: d2l.allreduce([jax.numpy.ones(3), jax.numpy.ones(2)]), "[(3,), (2,)]"),
+    (lambda: d2l.mse(jax.numpy.ones((0, 2)), jax.numpy.ones((0, 2))), "Y is empty"),
+    (lambda: d2l.pipeline_schedule([[], []]), "hold no pass"),
+])
+def test_empty_and_mixed_inputs_are_refused(call, message):
+    with pytest.raises(d2l.InputError) as e:
+        call()
+    assert message in str(e.value), str(e.value)
+
+
+def test_sizes_past_the_memory_are_refused_before_any_allocation(monkeypatch):
+    monkeypatch.setattr(check, "available_memory", lambda: 2**30)
+    with pytest.raises(TooLargeError, match="1000 blocks of width 100000"):
+        d2l.init_residual_mlp(jax.random.key(0), 1000, 10**5, 10**5)
+    with pytest.raises(TooLargeError, match="num_bytes=4503599627370496"):
+        d2l.collective_loop("psum", 2, 2**52)
