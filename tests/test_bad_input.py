@@ -370,3 +370,12 @@ def test_sizes_past_the_memory_are_refused_before_any_allocation(monkeypatch):
         d2l.init_residual_mlp(jax.random.key(0), 1000, 10**5, 10**5)
     with pytest.raises(TooLargeError, match="num_bytes=4503599627370496"):
         d2l.collective_loop("psum", 2, 2**52)
+
+
+@pytest.mark.parametrize("chapters,what", [("/nonexistent/chapters", "does not exist"),
+                                           (__file__, "is a file")])
+def test_book_names_a_chapters_folder_that_is_not_one(chapters, what, capsys):
+    from d2l_multi.commands import main
+    assert main(["book", "--chapters", chapters]) == 2
+    err = capsys.readouterr().err
+    assert f"--chapters {chapters} {what}; pass the folder of the notebooks" in err, err

@@ -102,7 +102,11 @@ def chapters_folder(chapters=None):
     """``chapters`` (a folder of notebooks), else the checkout's ``chapters/``; raise
     InputError when neither is there."""
     if chapters is not None:
-        return pathlib.Path(chapters).resolve()
+        folder = pathlib.Path(chapters).resolve()
+        if not folder.is_dir():
+            what = "is a file" if folder.exists() else "does not exist"
+            raise InputError(f"--chapters {chapters} {what}; pass the folder of the notebooks")
+        return folder
     found = checkout_chapters()
     if found is None:
         raise InputError("no chapters folder: this d2l_multi is installed, not run from a "
