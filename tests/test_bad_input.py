@@ -379,3 +379,8 @@ def test_book_names_a_chapters_folder_that_is_not_one(chapters, what, capsys):
     assert main(["book", "--chapters", chapters]) == 2
     err = capsys.readouterr().err
     assert f"--chapters {chapters} {what}; pass the folder of the notebooks" in err, err
+
+
+def test_a_count_given_twice_is_measured_once():
+    from d2l_multi.commands.benchmark import _counts
+    assert _counts("--devices", "2,4,2", 2, "2,4,8") == [2, 4]

@@ -55,7 +55,7 @@ def _counts(name, text, least, example):
     if min(counts) < least:
         raise InputError(f"{name}: every count must be at least {least}, e.g. {name} "
                          f"{example}; got {text}")
-    return counts
+    return list(dict.fromkeys(counts))  # each once, in the order given
 
 
 def _machine():
@@ -595,10 +595,10 @@ def _configure_collectives(p):
 
 def collectives_main(args):
     counts = _counts("--devices", args.devices, 2, "2,4,8")
-    collectives = args.collectives.split(",")
+    collectives = list(dict.fromkeys(args.collectives.split(",")))
     unknown = sorted(set(collectives) - set(COLLECTIVE_NAMES))
     if unknown:
-        raise InputError(f"--collectives: unknown {', '.join(unknown)}; choose from "
+        raise InputError(f"--collectives: unknown {', '.join(map(repr, unknown))}; choose from "
                          f"{','.join(COLLECTIVE_NAMES)}")
     _positive("--max-mb", args.max_mb, 32)
     _positive("--repeat", args.repeat, 5)
