@@ -138,6 +138,9 @@ measure_collectives = _smallest_sizes_in_smoke_runs(
 
 
 def _check_alpha_beta_inputs(num_bytes: ArrayLike, seconds: ArrayLike) -> None:
+    for name, values in (("num_bytes", num_bytes), ("seconds", seconds)):
+        if np.asarray(values).dtype.kind not in "iuf":
+            raise InputError(f"{name} must be a list of numbers, got {values!r}")
     n, t = np.asarray(num_bytes, float), np.asarray(seconds, float)
     if n.ndim != 1 or n.shape != t.shape or len(np.unique(n)) < 2 or not np.all(
             np.isfinite(n * t) & (n > 0) & (t > 0)):

@@ -384,3 +384,9 @@ def test_book_names_a_chapters_folder_that_is_not_one(chapters, what, capsys):
 def test_a_count_given_twice_is_measured_once():
     from d2l_multi.commands.benchmark import _counts
     assert _counts("--devices", "2,4,2", 2, "2,4,8") == [2, 4]
+
+
+@pytest.mark.parametrize("sizes", [None, ["a", "b"], [1j, 2], {"a": 1}])
+def test_fit_alpha_beta_names_what_is_not_a_list_of_numbers(sizes):
+    with pytest.raises(d2l.InputError, match="num_bytes must be a list of numbers, got"):
+        d2l.fit_alpha_beta(sizes, [1e-5, 2e-5])
