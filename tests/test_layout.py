@@ -97,7 +97,7 @@ def test_no_module_imports_itself_round_about():
 # Lines of the library (d2l_multi/ without commands/ and exercises/): it grows only by a
 # reviewed change. The aim is 4,500, an evening's reading; most of the difference is the
 # argument checks, which only dropping checks would remove.
-MAX_LIBRARY_LINES = 5740
+MAX_LIBRARY_LINES = 5775
 
 
 def test_the_library_does_not_grow():
