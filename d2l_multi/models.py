@@ -114,9 +114,9 @@ def _check_conv(X: ArrayLike, W: ArrayLike, b: ArrayLike) -> None:
         raise InputError(f"W has shape {jnp.shape(W)}; a kernel is HWIO (height, width, "
                          f"{jnp.shape(X)[3]} input channels as X has, output channels)")
     _check_window(X, jnp.shape(W)[:2], "the kernel")
-    if jnp.shape(b) != jnp.shape(W)[3:]:
+    if jnp.shape(b) not in ((), jnp.shape(W)[3:]):
         raise InputError(f"b has shape {jnp.shape(b)}; pass one bias per output channel, "
-                         f"shape {jnp.shape(W)[3:]}")
+                         f"shape {jnp.shape(W)[3:]}, or one for all")
 
 
 def _check_window(X, window, what):

@@ -390,3 +390,8 @@ def test_a_count_given_twice_is_measured_once():
 def test_fit_alpha_beta_names_what_is_not_a_list_of_numbers(sizes):
     with pytest.raises(d2l.InputError, match="num_bytes must be a list of numbers, got"):
         d2l.fit_alpha_beta(sizes, [1e-5, 2e-5])
+
+
+def test_conv2d_takes_one_bias_for_all_channels():
+    W = np.ones((3, 3, 1, 4), np.float32)
+    assert d2l.conv2d(X[:2], W, 0.5).shape == (2, 26, 26, 4)
